@@ -1,0 +1,25 @@
+"""Keep the GPU fed: background-thread and device-stream prefetching for PyTorch loaders.
+
+Wrap an existing loader in one line::
+
+    loader = CudaPrefetcher(BackgroundLoader(DataLoader(...)))
+
+and the training loop, ``len(loader)`` and ``loader.set_epoch(e)`` keep working.
+"""
+
+from prefetch.background import BackgroundIterator, BackgroundLoader
+from prefetch.cuda_prefetcher import CudaPrefetcher, DeviceIterator
+from prefetch.normalize import Normalize
+from prefetch.stats import LoaderStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackgroundIterator",
+    "BackgroundLoader",
+    "CudaPrefetcher",
+    "DeviceIterator",
+    "LoaderStats",
+    "Normalize",
+    "__version__",
+]

@@ -1,0 +1,279 @@
+"""``CudaPrefetcher``: copy the next batches to the GPU on a side stream.
+
+The stream protocol, for each batch ``k`` (all on the consumer's thread):
+
+1. *fence* lifetime: the side stream waits for the consumer stream, so a
+   block the consumer freed is not rewritten while its kernels still read it;
+2. on the side stream: ``non_blocking`` copies, then ``transform``, then
+   ``event[k].record()``;
+3. at hand-off the consumer's current stream waits for ``event[k]`` only
+   (not for the whole side stream, which may already copy ``k + 1``); in
+   *record_stream* lifetime every tensor leaf is recorded on the consumer
+   stream.
+
+``depth`` batches stay in flight. On the CPU (no accelerator) none of this
+runs: batches pass through, with ``transform`` applied.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+
+from prefetch import device_ops
+from prefetch.background import BackgroundLoader, check_depth, check_iterable
+from prefetch.stats import LoaderStats
+from prefetch.structure import iter_tensors
+from prefetch.thread_worker import release_source
+from prefetch.wrapper import LoaderWrapper
+
+__all__ = ["CudaPrefetcher", "DeviceIterator"]
+
+T = TypeVar("T")
+Lifetime = Literal["fence", "record_stream"]
+LIFETIMES = ("fence", "record_stream")
+
+
+class _Failure:
+    """An exception that stands in the queue at the position it was raised."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class DeviceIterator(Iterator[T]):
+    """One epoch of a :class:`CudaPrefetcher`; created by ``iter(prefetcher)``."""
+
+    def __init__(self, owner: CudaPrefetcher[T], source: Iterator[Any], *, owned: bool) -> None:
+        self._owner = owner
+        self._source: Iterator[Any] | None = source
+        self._owned = owned
+        self._pending: deque[tuple[Any, Any] | _Failure] = deque()
+        self._ops = owner._ops
+        self.stats = LoaderStats(started=time.perf_counter())
+
+    def __iter__(self) -> DeviceIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        started = time.perf_counter()
+        try:
+            self._fill()
+            if not self._pending:
+                self._finish()
+                raise StopIteration
+            entry = self._pending.popleft()
+            if isinstance(entry, _Failure):
+                self._finish()
+                error = entry.error
+                try:
+                    raise error
+                finally:
+                    del error, entry
+            batch, event = entry
+            ops = self._ops
+            if ops is not None and event is not None:
+                consumer = ops.current_stream()
+                consumer.wait_event(event)
+                if self._owner._lifetime == "record_stream":
+                    for tensor in ops.tensors_on_device(batch):
+                        ops.record(tensor, consumer)
+            self.stats.items += 1
+            self._fill()  # start the next copy now, so it overlaps this batch's compute
+            return batch  # type: ignore[no-any-return]
+        finally:
+            self.stats.wait_seconds += time.perf_counter() - started
+
+    def _fill(self) -> None:
+        while self._source is not None and len(self._pending) < self._owner._depth:
+            self._load_one(self._source)
+
+    def _load_one(self, source: Iterator[Any]) -> None:
+        fetch_started = time.perf_counter()
+        try:
+            try:
+                host = next(source)
+            finally:
+                self.stats.source_seconds += time.perf_counter() - fetch_started
+            self._pending.append(self._owner._to_device(host))
+        except StopIteration:
+            self._release()
+        except BaseException as error:  # noqa: BLE001 - delivered at its position
+            self._release()
+            self._pending.append(_Failure(error))
+
+    def _release(self) -> None:
+        source, self._source = self._source, None
+        if source is not None:
+            release_source(source, self._owned)
+
+    def _finish(self) -> None:
+        if self.stats.finished is None:
+            self.stats.finished = time.perf_counter()
+        self._pending.clear()
+        self._release()
+
+    def close(self) -> None:
+        """Drop the batches in flight and release (close) the source iterator."""
+        self._finish()
+
+    def __enter__(self) -> DeviceIterator[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class CudaPrefetcher(LoaderWrapper, Generic[T]):
+    """Copy the next batches to the GPU on a side stream while this one computes.
+
+    Stack it on any iterable, typically
+    ``CudaPrefetcher(BackgroundLoader(loader, pin_memory=True))``. Batches keep
+    their structure (dicts, lists, tuples, named tuples, dataclasses, objects
+    with ``.to()``); every tensor leaf arrives on ``device``, ready to use on
+    your current stream. One side stream is created per prefetcher and reused
+    every epoch, so memory stays flat. ``len``, ``set_epoch`` and attributes
+    such as ``dataset`` pass through.
+
+    Without an accelerator (``device=None`` on a CPU machine, or
+    ``device="cpu"``) batches pass through unchanged except for
+    ``transform``: the same script runs on a laptop and in CI.
+
+    Args:
+        loader: Any iterable of batches.
+        device: ``None`` for the current accelerator device (or the CPU
+            without one), else a device such as ``"cuda:1"``.
+        depth: Batches kept in flight on the device (>= 1).
+        transform: Applied to each batch on the side stream after the copy,
+            e.g. :class:`~prefetch.Normalize`.
+        lifetime: ``"fence"`` (the side stream waits for your stream before
+            each copy) or ``"record_stream"`` (each tensor leaf is recorded on
+            your stream). Both stop the allocator from recycling memory your
+            kernels still read.
+
+    Example:
+        >>> batches = [{"x": torch.ones(2), "id": i} for i in range(3)]
+        >>> prefetcher = CudaPrefetcher(batches, device="cpu")
+        >>> [batch["id"] for batch in prefetcher]
+        [0, 1, 2]
+        >>> len(prefetcher), prefetcher.device
+        (3, device(type='cpu'))
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[T],
+        device: str | int | torch.device | None = None,
+        *,
+        depth: int = 1,
+        transform: Callable[[Any], Any] | None = None,
+        lifetime: Lifetime = "fence",
+    ) -> None:
+        check_iterable(loader, "CudaPrefetcher")
+        self._depth = check_depth(depth, "CudaPrefetcher")
+        if transform is not None and not callable(transform):
+            msg = f"CudaPrefetcher(transform=...) expects a callable or None, got {transform!r}"
+            raise TypeError(msg)
+        if lifetime not in LIFETIMES:
+            msg = f"CudaPrefetcher(lifetime=...) expects 'fence' or 'record_stream', got {lifetime!r}"
+            raise ValueError(msg)
+        self._loader = loader
+        self._transform = transform
+        self._lifetime = lifetime
+        self._device = device_ops.resolve_device(device)
+        self._ops: device_ops.DeviceOps | None = None
+        self._blocking_ops: device_ops.DeviceOps | None = None
+        if self._device.type != "cpu":
+            ops = device_ops.make_device_ops(self._device)
+            self._ops = ops if ops.has_streams else None
+            self._blocking_ops = ops
+        self._stream: Any = None
+        self._warned_unpinned = False
+        self._current: weakref.ref[DeviceIterator[T]] | None = None
+        self._last_stats = LoaderStats()
+
+    @property
+    def device(self) -> torch.device:
+        """The device batches are copied to."""
+        return self._device
+
+    @property
+    def stream(self) -> Any:
+        """The side stream (created at the first epoch; ``None`` on the CPU path)."""
+        return self._stream
+
+    @property
+    def stats(self) -> LoaderStats:
+        """The latest epoch's :class:`~prefetch.LoaderStats`."""
+        return self._last_stats
+
+    def __iter__(self) -> DeviceIterator[T]:
+        self.close()
+        source = iter(self._loader)
+        if self._ops is not None and self._stream is None:
+            self._stream = self._ops.new_stream()
+        iterator: DeviceIterator[T] = DeviceIterator(self, source, owned=source is not self._loader)
+        self._last_stats = iterator.stats
+        self._current = weakref.ref(iterator)
+        return iterator
+
+    def _to_device(self, host: Any) -> tuple[Any, Any]:
+        """Start the copy (and transform) of one batch; return it with its event."""
+        transform = self._transform
+        if self._device.type == "cpu":
+            return (transform(host) if transform is not None else host), None
+        if self._ops is None:  # an accelerator without streams (MPS): blocking copies
+            assert self._blocking_ops is not None
+            batch = self._blocking_ops.copy(host)
+            return (transform(batch) if transform is not None else batch), None
+        ops, stream = self._ops, self._stream
+        if not self._warned_unpinned:
+            self._warn_if_unpinned(host)
+        if self._lifetime == "fence":
+            stream.wait_stream(ops.current_stream())
+        with ops.use_stream(stream):
+            batch = ops.copy(host)
+            if transform is not None:
+                batch = transform(batch)
+            event = ops.new_event()
+            event.record(stream)
+        return batch, event
+
+    def _warn_if_unpinned(self, host: Any) -> None:
+        if not any(t.device.type == "cpu" and not t.is_pinned() for t in iter_tensors(host)):
+            return
+        self._warned_unpinned = True
+        if isinstance(self._loader, BackgroundLoader):
+            advice = "pass pin_memory=True to the BackgroundLoader it wraps"
+        else:
+            advice = "wrap the loader as BackgroundLoader(loader, pin_memory=True)"
+        warnings.warn(
+            f"CudaPrefetcher: batches arrive in unpinned host memory, so copies to "
+            f"{self._device} cannot overlap compute; {advice}",
+            UserWarning,
+            stacklevel=4,
+        )
+
+    def close(self) -> None:
+        """Drop the batches in flight and close the current epoch's source."""
+        current = self._current() if self._current is not None else None
+        self._current = None
+        if current is not None:
+            current.close()
+
+    def __enter__(self) -> CudaPrefetcher[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CudaPrefetcher({self._loader!r:.60}, device={str(self._device)!r})"

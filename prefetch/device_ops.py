@@ -1,0 +1,148 @@
+"""Devices, streams, events and copies: the accelerator behind one small interface.
+
+:func:`resolve_device` turns the user's ``device`` argument into a concrete
+``torch.device`` once, on the caller's thread. :class:`DeviceOps` is every
+accelerator call :class:`~prefetch.CudaPrefetcher` makes; tests replace it
+with a recording fake through :func:`make_device_ops` to check the stream
+protocol on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from prefetch.structure import map_leaves
+
+__all__ = ["DeviceOps", "make_device_ops", "resolve_device"]
+
+
+def resolve_device(device: object, owner: str = "CudaPrefetcher") -> torch.device:
+    """Return the concrete device the prefetcher copies to.
+
+    ``None`` means the current accelerator device (``cuda:<current>``) when
+    one is available, else the CPU. A string, ``torch.device`` or int names a
+    device explicitly; an unavailable accelerator or an index out of range is
+    an error rather than a silent fallback.
+
+    Example:
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
+    if device is None:
+        if not torch.accelerator.is_available():
+            return torch.device("cpu")
+        accelerator = torch.accelerator.current_accelerator()
+        assert accelerator is not None
+        return torch.device(accelerator.type, torch.accelerator.current_device_index())
+    if isinstance(device, bool) or not isinstance(device, str | int | torch.device):
+        msg = (
+            f"{owner}(device=...) expects None, a str, an int or a torch.device, "
+            f"got {device!r} of type {type(device).__name__}"
+        )
+        raise TypeError(msg)
+    if isinstance(device, int):
+        if not torch.accelerator.is_available():
+            msg = f"{owner}(device={device!r}): no accelerator is available on this machine"
+            raise RuntimeError(msg)
+        accelerator = torch.accelerator.current_accelerator()
+        assert accelerator is not None
+        device = torch.device(accelerator.type, device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        msg = f"{owner}(device=...) expects a device such as 'cuda:0' or 'cpu', got {device!r}"
+        raise ValueError(msg) from error
+    if resolved.type == "cpu":
+        return resolved
+    try:
+        module = torch.get_device_module(resolved.type)
+    except (RuntimeError, AttributeError) as error:
+        msg = f"{owner}(device={device!r}): torch has no device module for {resolved.type!r}"
+        raise ValueError(msg) from error
+    if not module.is_available():
+        msg = (
+            f"{owner}(device={device!r}): {resolved.type} is not available on this machine; "
+            f"pass device=None to copy to the accelerator when there is one and pass "
+            f"batches through on the CPU otherwise"
+        )
+        raise RuntimeError(msg)
+    count = int(module.device_count())
+    index = resolved.index if resolved.index is not None else int(module.current_device())
+    if not 0 <= index < count:
+        msg = (
+            f"{owner}(device={device!r}): device index {index} is out of range; "
+            f"this machine has {count} {resolved.type} device(s)"
+        )
+        raise ValueError(msg)
+    return torch.device(resolved.type, index)
+
+
+class DeviceOps:
+    """Every accelerator call the prefetcher makes, for one device.
+
+    Copies are ``non_blocking`` except on MPS, where a non-blocking copy is
+    unsafe. Devices whose module has no ``Stream``/``Event`` (MPS) get
+    ``has_streams = False``: copies then run on the current stream.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.module: Any = torch.get_device_module(device.type)
+        self.non_blocking = device.type != "mps"
+        self.has_streams = (
+            device.type != "mps" and hasattr(self.module, "Stream") and hasattr(self.module, "Event")
+        )
+
+    def new_stream(self) -> Any:
+        """Create a side stream on this device."""
+        return self.module.Stream(device=self.device)
+
+    def current_stream(self) -> Any:
+        """Return the calling thread's current stream on this device."""
+        return self.module.current_stream(self.device)
+
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
+        """Return a context in which ``stream`` is current."""
+        return self.module.stream(stream)  # type: ignore[no-any-return]
+
+    def new_event(self) -> Any:
+        """Create an event (to be recorded on a stream)."""
+        return self.module.Event()
+
+    def record(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Tell the caching allocator that ``stream`` uses ``tensor``."""
+        tensor.record_stream(stream)
+
+    def copy(self, batch: Any) -> Any:
+        """Return ``batch`` with every tensor (and ``.to()``-able leaf) on this device."""
+        device, non_blocking = self.device, self.non_blocking
+
+        def leaf(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.to(device, non_blocking=non_blocking)
+            move = getattr(value, "to", None)
+            if callable(move) and not isinstance(value, type):
+                try:
+                    return move(device, non_blocking=non_blocking)
+                except TypeError:
+                    return move(device)
+            return value
+
+        return map_leaves(leaf, batch)
+
+    def tensors_on_device(self, batch: Any) -> Iterator[torch.Tensor]:
+        """Yield the tensor leaves of ``batch`` that live on this device."""
+        from prefetch.structure import iter_tensors
+
+        for tensor in iter_tensors(batch):
+            if tensor.device.type == self.device.type:
+                yield tensor
+
+
+def make_device_ops(device: torch.device) -> DeviceOps:
+    """Return the :class:`DeviceOps` for ``device`` (the seam tests replace)."""
+    return DeviceOps(device)

@@ -1,0 +1,142 @@
+"""``Normalize``: turn uint8 images into normalised floats on the device.
+
+Copying images as uint8 moves a quarter of the bytes of float32; converting
+and normalising after the copy, on the prefetcher's side stream, costs the
+training step nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from prefetch.structure import get_item, replace_item
+
+__all__ = ["Normalize"]
+
+
+def _check_values(name: str, values: object) -> tuple[float, ...]:
+    if isinstance(values, int | float):
+        values = (values,)
+    if not isinstance(values, Sequence) or isinstance(values, str) or not values:
+        msg = f"Normalize({name}=...) expects a non-empty sequence of numbers, got {values!r}"
+        raise TypeError(msg)
+    try:
+        return tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        msg = f"Normalize({name}=...) expects numbers, got {values!r}"
+        raise TypeError(msg) from None
+
+
+class Normalize:
+    """Convert one tensor of each batch to ``dtype`` and normalise it per channel.
+
+    The selected tensor has channels at dimension ``-3`` (``(C, H, W)`` or
+    ``(N, C, H, W)``). A ``uint8`` tensor is first scaled to ``[0, 1]`` (as
+    torchvision's ``ToTensor`` does), so ``mean`` and ``std`` are the usual
+    values, e.g. ImageNet's. The arithmetic runs in float32 (float64 for a
+    float64 result) and is rounded to ``dtype`` once, at the end. Use it as
+    :class:`~prefetch.CudaPrefetcher`'s ``transform`` so the work runs on the
+    side stream, after the copy.
+
+    Args:
+        mean: Per-channel means (or one number for all channels).
+        std: Per-channel standard deviations, none of them zero.
+        key: What to normalise: an index into a tuple or list batch, a key of
+            a dict batch, an attribute name, or ``None`` for a tensor batch.
+        dtype: A floating result dtype.
+        channels_last: Return 4-D (5-D) results in ``channels_last``
+            (``channels_last_3d``) memory format.
+
+    Example:
+        >>> images = torch.full((2, 3, 4, 4), 255, dtype=torch.uint8)
+        >>> normalize = Normalize(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+        >>> out, labels = normalize((images, torch.tensor([0, 1])))
+        >>> out.dtype, out.unique().tolist(), labels.tolist()
+        (torch.float32, [1.0], [0, 1])
+    """
+
+    def __init__(
+        self,
+        mean: Sequence[float] | float,
+        std: Sequence[float] | float,
+        *,
+        key: int | str | None = 0,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+    ) -> None:
+        self.mean = _check_values("mean", mean)
+        self.std = _check_values("std", std)
+        if len(self.mean) != len(self.std):
+            msg = (
+                f"Normalize(mean=..., std=...) expects the same number of channels, "
+                f"got {len(self.mean)} means and {len(self.std)} stds"
+            )
+            raise ValueError(msg)
+        if any(s == 0 for s in self.std):
+            msg = f"Normalize(std=...) must not contain zero, got {self.std!r}"
+            raise ValueError(msg)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            msg = f"Normalize(dtype=...) expects a floating torch.dtype, got {dtype!r}"
+            raise TypeError(msg)
+        if key is not None and (isinstance(key, bool) or not isinstance(key, int | str)):
+            msg = f"Normalize(key=...) expects an int, a str or None, got {key!r}"
+            raise TypeError(msg)
+        self.key = key
+        self.dtype = dtype
+        self.channels_last = bool(channels_last)
+        self._cache: dict[tuple[torch.device, torch.dtype, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _coefficients(self, tensor: torch.Tensor, compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        scaled = tensor.dtype == torch.uint8
+        cache_key = (tensor.device, compute, scaled)
+        cached = self._cache.get(cache_key)
+        if cached is None:
+            mean = torch.tensor(self.mean, dtype=torch.float64)
+            std = torch.tensor(self.std, dtype=torch.float64)
+            scale = 1.0 / (std * 255.0) if scaled else 1.0 / std
+            shift = -mean / std
+            shape = (-1, 1, 1)
+            cached = (
+                scale.to(compute).view(shape).to(tensor.device),
+                shift.to(compute).view(shape).to(tensor.device),
+            )
+            self._cache[cache_key] = cached
+        return cached
+
+    def normalize(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return ``tensor`` converted and normalised (the batch-free core)."""
+        if not isinstance(tensor, torch.Tensor):
+            msg = f"Normalize expects a tensor at key {self.key!r}, got {type(tensor).__name__}"
+            raise TypeError(msg)
+        channels = len(self.mean)
+        if tensor.dim() < 3 or (channels != 1 and tensor.shape[-3] != channels):
+            msg = (
+                f"Normalize expects a tensor with {channels} channels at dimension -3, "
+                f"got shape {tuple(tensor.shape)}"
+            )
+            raise ValueError(msg)
+        compute = torch.float64 if self.dtype == torch.float64 else torch.float32
+        scale, shift = self._coefficients(tensor, compute)
+        result = torch.addcmul(shift, tensor.to(compute), scale).to(self.dtype)
+        if self.channels_last:
+            if result.dim() == 4:
+                result = result.contiguous(memory_format=torch.channels_last)
+            elif result.dim() == 5:
+                result = result.contiguous(memory_format=torch.channels_last_3d)
+            else:
+                msg = f"Normalize(channels_last=True) needs a 4-D or 5-D tensor, got {result.dim()}-D"
+                raise ValueError(msg)
+        return result
+
+    def __call__(self, batch: Any) -> Any:
+        """Return ``batch`` with the tensor at ``key`` normalised."""
+        return replace_item(batch, self.key, self.normalize(get_item(batch, self.key)))
+
+    def __repr__(self) -> str:
+        return (
+            f"Normalize(mean={list(self.mean)}, std={list(self.std)}, key={self.key!r}, "
+            f"dtype={self.dtype}, channels_last={self.channels_last})"
+        )

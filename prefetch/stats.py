@@ -1,0 +1,55 @@
+"""How long a training loop waited for data: the figures every wrapper reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+__all__ = ["LoaderStats"]
+
+
+@dataclasses.dataclass
+class LoaderStats:
+    """Counters for one epoch of a prefetching wrapper.
+
+    ``wait_seconds`` is time the consumer (your training loop) spent inside
+    ``next()`` waiting for an item that was not ready yet; ``source_seconds``
+    is time spent inside the wrapped loader producing items. ``elapsed_seconds``
+    runs from the start of the epoch (``iter()``) to the last item handed over,
+    or to now while the epoch is still open.
+
+    Example:
+        >>> stats = LoaderStats(items=10, wait_seconds=0.5, source_seconds=2.0,
+        ...                     started=100.0, finished=102.0)
+        >>> round(stats.wait_fraction, 2)
+        0.25
+        >>> stats.summary()
+        'waited 25% of the time for data (0.50 s of 2.00 s, 10 items)'
+    """
+
+    items: int = 0
+    wait_seconds: float = 0.0
+    source_seconds: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+
+    @property
+    def elapsed_seconds(self) -> float:
+        """Seconds from the start of the epoch to the last hand-off (or now)."""
+        if self.started is None:
+            return 0.0
+        end = self.finished if self.finished is not None else time.perf_counter()
+        return max(end - self.started, 0.0)
+
+    @property
+    def wait_fraction(self) -> float:
+        """Share of the epoch's elapsed time the consumer waited for data."""
+        elapsed = self.elapsed_seconds
+        return self.wait_seconds / elapsed if elapsed > 0 else 0.0
+
+    def summary(self) -> str:
+        """Return a one-line account such as ``'waited 42% of the time for data'``."""
+        return (
+            f"waited {self.wait_fraction:.0%} of the time for data "
+            f"({self.wait_seconds:.2f} s of {self.elapsed_seconds:.2f} s, {self.items} items)"
+        )

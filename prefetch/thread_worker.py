@@ -1,0 +1,255 @@
+"""The producer thread and the channel it shares with the consumer.
+
+This is the only module that starts threads. :class:`Channel` is the state
+shared by one producer thread and one consuming iterator;
+:func:`start_producer` starts the thread; :func:`request_stop` and
+:func:`join_producer` end it.
+
+Invariants (every change here must keep them):
+
+* **Tagged messages.** The producer appends ``(ITEM, item, state)``,
+  ``(ERROR, exception, None)`` or ``(END, None, None)`` to
+  :attr:`Channel.messages`; ``None`` is an ordinary item. After ``ERROR`` or
+  ``END`` it appends nothing more.
+* **Exact depth.** ``produced - consumed <= depth`` at every moment. The
+  producer counts a slot in ``produced`` *before* it calls ``next(source)``
+  and waits while ``depth`` slots are taken; the consumer counts ``consumed``
+  after it takes an item. Each counter has a single writer, so under the GIL
+  no lock is needed; wake-ups go through two ``SimpleQueue`` token queues and
+  every waiter re-checks its condition after announcing that it waits, so a
+  wake-up is never lost (a stale token only causes one extra re-check).
+* **No reference to the consumer.** The thread's target holds the channel and
+  the source iterator, never the iterator object the user holds, so garbage
+  collection of an abandoned iterator runs its finalizer, which calls
+  :func:`request_stop`.
+* **Errors keep their identity and their place.** Any ``BaseException``
+  raised by the source (``KeyboardInterrupt`` and ``SystemExit`` included) is
+  posted as the same object after every item produced before it, and the
+  source iterator is shut down *before* the error is posted, so the
+  traceback cannot keep DataLoader worker processes alive.
+* **Prompt stop.** Every wait of the producer is timed and checks
+  :attr:`Channel.stop`; after stopping it releases the source iterator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from queue import Empty, SimpleQueue
+from typing import Any
+
+import torch
+
+__all__ = [
+    "END",
+    "ERROR",
+    "ITEM",
+    "Channel",
+    "join_producer",
+    "release_source",
+    "request_stop",
+    "start_producer",
+]
+
+ITEM, ERROR, END = 0, 1, 2
+"""Message tags."""
+
+POLL_SECONDS = 0.1
+"""How often a blocked side re-checks that the other side is still there."""
+
+Message = tuple[int, Any, Any]
+_thread_ids = itertools.count(1)
+
+
+class Channel:
+    """State shared by one producer thread and one consumer; see the module invariants."""
+
+    __slots__ = (
+        "consumed",
+        "consumer_waiting",
+        "data_ready",
+        "depth",
+        "in_source",
+        "messages",
+        "produced",
+        "producer_waiting",
+        "source_seconds",
+        "space_ready",
+        "stop",
+    )
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.messages: deque[Message] = deque()
+        self.produced = 0  # written by the producer only
+        self.consumed = 0  # written by the consumer only
+        self.producer_waiting = False
+        self.consumer_waiting = False
+        self.in_source = False
+        self.source_seconds = 0.0
+        self.stop = threading.Event()
+        self.data_ready: SimpleQueue[None] = SimpleQueue()
+        self.space_ready: SimpleQueue[None] = SimpleQueue()
+
+    def post(self, message: Message) -> None:
+        """Append a message (producer side) and wake the consumer if it waits."""
+        self.messages.append(message)
+        if self.consumer_waiting:
+            self.data_ready.put(None)
+
+    def wait_for_space(self) -> bool:
+        """Block until a slot is free; return ``False`` if asked to stop instead."""
+        while self.produced - self.consumed >= self.depth:
+            self.producer_waiting = True
+            try:
+                if self.produced - self.consumed < self.depth:
+                    break
+                if self.stop.is_set():
+                    return False
+                try:
+                    self.space_ready.get(timeout=POLL_SECONDS)
+                except Empty:
+                    pass
+            finally:
+                self.producer_waiting = False
+        return not self.stop.is_set()
+
+    def release_slot(self) -> None:
+        """Count one consumed item (consumer side) and wake the producer if it waits."""
+        self.consumed += 1
+        if self.producer_waiting:
+            self.space_ready.put(None)
+
+
+def request_stop(channel: Channel) -> None:
+    """Ask the producer to stop; safe from any thread, any number of times."""
+    channel.stop.set()
+    channel.space_ready.put(None)
+
+
+def release_source(source: Iterator[Any], owned: bool) -> None:
+    """Shut down what the source iterator holds, as dropping it would.
+
+    A multi-process DataLoader iterator stops its workers (unless they are
+    persistent: the DataLoader reuses them next epoch). A generator we
+    created with ``iter()`` is closed so its ``finally`` blocks run now; one
+    the user passed in (``owned`` false) is left alone.
+    """
+    shutdown = getattr(source, "_shutdown_workers", None)
+    if callable(shutdown):
+        if not getattr(source, "_persistent_workers", False):
+            shutdown()
+        return
+    close = getattr(source, "close", None)
+    if owned and callable(close):
+        close()
+
+
+def start_producer(
+    channel: Channel,
+    source: Iterator[Any],
+    *,
+    owned: bool,
+    prepare: Callable[[Any], Any] | None = None,
+    read_state: Callable[[], Any] | None = None,
+    setup: Callable[[], None] | None = None,
+) -> threading.Thread:
+    """Start the daemon thread that fills ``channel`` from ``source``.
+
+    Args:
+        channel: Where items go; its ``depth`` bounds how far the thread runs ahead.
+        source: The iterator to drain (already created on the caller's thread).
+        owned: Whether ``source`` was created by us (see :func:`release_source`).
+        prepare: Applied to each item in the thread (pinning), or ``None``.
+        read_state: Called right after each item to capture the source's
+            checkpoint state, or ``None``.
+        setup: Called first in the thread (device selection, thread count).
+
+    Returns:
+        The started thread, named ``prefetch-N``.
+    """
+    thread = threading.Thread(
+        target=_produce,
+        args=(channel, source, owned, prepare, read_state, setup),
+        name=f"prefetch-{next(_thread_ids)}",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+def _produce(
+    channel: Channel,
+    source: Iterator[Any],
+    owned: bool,
+    prepare: Callable[[Any], Any] | None,
+    read_state: Callable[[], Any] | None,
+    setup: Callable[[], None] | None,
+) -> None:
+    released = False
+    try:
+        if setup is not None:
+            setup()
+        while channel.wait_for_space():
+            channel.produced += 1
+            channel.in_source = True
+            started = time.perf_counter()
+            try:
+                if torch.autograd._profiler_enabled():
+                    with torch.autograd.profiler.record_function("prefetch.fetch"):
+                        item = next(source)
+                else:
+                    item = next(source)
+            except StopIteration:
+                released = True
+                release_source(source, owned)
+                channel.post((END, None, None))
+                return
+            finally:
+                channel.in_source = False
+                channel.source_seconds += time.perf_counter() - started
+            if prepare is not None:
+                item = prepare(item)
+            state = read_state() if read_state is not None else None
+            channel.post((ITEM, item, state))
+            del item, state
+    except BaseException as error:  # noqa: BLE001 - handed to the consumer, never dropped
+        try:
+            release_source(source, owned)
+        finally:
+            released = True
+            channel.post((ERROR, error, None))
+        del error
+    finally:
+        if not released:
+            try:
+                release_source(source, owned)
+            except BaseException as error:  # noqa: BLE001 - the consumer may still read it
+                channel.post((ERROR, error, None))
+        del source
+
+
+def join_producer(
+    thread: threading.Thread, channel: Channel, *, timeout: float, stuck_grace: float
+) -> bool:
+    """Wait for ``thread`` to end after :func:`request_stop`.
+
+    Gives up after ``timeout`` seconds, or after ``stuck_grace`` seconds while
+    the producer is blocked inside ``next(source)`` (it will exit on its own
+    when the source returns). Never joins the current thread.
+
+    Returns:
+        Whether the thread has ended.
+    """
+    if thread is threading.current_thread():
+        return False
+    start = time.monotonic()
+    while thread.is_alive():
+        waited = time.monotonic() - start
+        if waited > timeout or (channel.in_source and waited > stuck_grace):
+            return False
+        thread.join(0.02)
+    return True

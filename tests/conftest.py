@@ -1,0 +1,30 @@
+"""Shared fixtures: every test must leave no ``prefetch-`` thread behind."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+LEAK_GRACE_SECONDS = 3.0
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    """Return the live threads this package started."""
+    return [t for t in threading.enumerate() if t.name.startswith("prefetch-")]
+
+
+@pytest.fixture(autouse=True)
+def no_prefetch_thread_outlives_the_test() -> Iterator[None]:
+    """Fail a test that leaves a ``prefetch-`` thread alive for more than a few seconds."""
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_SECONDS
+    while prefetch_threads():
+        if time.monotonic() > deadline:
+            names = [t.name for t in prefetch_threads()]
+            pytest.fail(f"prefetch threads outlived the test: {names}")
+        gc.collect()
+        time.sleep(0.02)
