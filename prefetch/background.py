@@ -6,6 +6,7 @@ consumer side: epochs, hand-off, stats, checkpoints and shutdown.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 import weakref
@@ -14,6 +15,7 @@ from queue import Empty
 from typing import Any, Generic, TypeVar
 
 import torch
+from torch.autograd import profiler
 
 from prefetch import thread_worker
 from prefetch.pinning import accelerator_available, current_device_index, pin_batch, select_device
@@ -41,7 +43,9 @@ def check_iterable(loader: object, owner: str) -> None:
 def check_depth(depth: object, owner: str) -> int:
     """Return ``depth`` if it is an int >= 1, else raise naming the argument."""
     if isinstance(depth, bool) or not isinstance(depth, int):
-        msg = f"{owner}(depth=...) expects an int >= 1, got {depth!r} of type {type(depth).__name__}"
+        msg = (
+            f"{owner}(depth=...) expects an int >= 1, got {depth!r} of type {type(depth).__name__}"
+        )
         raise TypeError(msg)
     if depth < 1:
         msg = f"{owner}(depth=...) expects an int >= 1, got {depth}"
@@ -122,6 +126,12 @@ class BackgroundIterator(Iterator[T]):
             del payload
 
     def _wait(self) -> thread_worker.Message:
+        if profiler._is_profiler_enabled:
+            with profiler.record_function("prefetch.wait"):
+                return self._wait_for_message()
+        return self._wait_for_message()
+
+    def _wait_for_message(self) -> thread_worker.Message:
         channel = self._channel
         started = time.perf_counter()
         channel.consumer_waiting = True
@@ -228,7 +238,10 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         if num_threads is not None and (
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
         ):
-            msg = f"BackgroundLoader(num_threads=...) expects None or an int >= 1, got {num_threads!r}"
+            msg = (
+                f"BackgroundLoader(num_threads=...) expects None or an int >= 1, "
+                f"got {num_threads!r}"
+            )
             raise ValueError(msg)
         if pin_memory and not accelerator_available():
             warnings.warn(
@@ -246,6 +259,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         )
         self._epoch: EpochRecord | None = None
         self._current: weakref.ref[BackgroundIterator[T]] | None = None
+        self._producer: tuple[threading.Thread, Channel] | None = None
 
     @property
     def depth(self) -> int:
@@ -281,6 +295,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             setup=self._thread_setup(),
         )
         self._current = weakref.ref(iterator)
+        self._producer = (iterator._thread, iterator._channel)
         return iterator
 
     def _thread_setup(self) -> Callable[[], None] | None:
@@ -297,10 +312,20 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         return setup
 
     def _stop_current(self, wait: bool) -> None:
+        # The iterator may already be garbage: its thread can still be inside the
+        # source, so stop and join through the thread itself, never the iterator.
         current = self._current() if self._current is not None else None
-        self._current = None
+        producer, self._producer, self._current = self._producer, None, None
         if current is not None:
             current.close(wait=wait)
+        if producer is not None:
+            thread, channel = producer
+            thread_worker.request_stop(channel)
+            thread_worker.join_producer(
+                thread, channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
+            )
+            while wait and thread.is_alive():
+                thread.join(0.1)
 
     def close(self) -> None:
         """Stop the current epoch's thread, if one runs, and release the source."""

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from prefetch.background import BackgroundIterator, EpochRecord, check_iterable
 
-__all__ = ["BackgroundGenerator", "background"]
+__all__ = ["BackgroundGenerator", "background", "prefetch"]
 
 T = TypeVar("T")
 
@@ -48,6 +48,8 @@ class BackgroundGenerator(BackgroundIterator[T]):
     Args:
         generator: Any iterable or iterator; it is drained by the thread.
         max_prefetch: Items held ahead, at most; ``<= 0`` for no bound.
+        preprocess_func: Applied to each item in the thread (deprecated in
+            the original too; kept so old calls keep working).
 
     Example:
         >>> def squares():
@@ -57,18 +59,36 @@ class BackgroundGenerator(BackgroundIterator[T]):
         [0, 1, 4, 9]
     """
 
-    def __init__(self, generator: Iterable[T], max_prefetch: int = 1) -> None:
-        self._init(generator, max_prefetch, owned=False)
+    def __init__(
+        self,
+        generator: Iterable[T],
+        max_prefetch: int = 1,
+        preprocess_func: Callable[[Any], T] | None = None,
+    ) -> None:
+        self._init(generator, max_prefetch, owned=False, preprocess_func=preprocess_func)
 
-    def _init(self, generator: Iterable[T], max_prefetch: int, *, owned: bool) -> None:
+    def _init(
+        self,
+        generator: Iterable[T],
+        max_prefetch: int,
+        *,
+        owned: bool,
+        preprocess_func: Callable[[Any], T] | None = None,
+    ) -> None:
         check_iterable(generator, "BackgroundGenerator")
         depth = _check_max_prefetch(max_prefetch)
+        if preprocess_func is not None and not callable(preprocess_func):
+            msg = (
+                f"BackgroundGenerator(preprocess_func=...) expects a callable, "
+                f"got {preprocess_func!r}"
+            )
+            raise TypeError(msg)
         super().__init__(
             iter(generator),
             depth,
             EpochRecord(None),
             owned=owned,
-            prepare=None,
+            prepare=preprocess_func,
             read_state=None,
             setup=None,
         )
@@ -106,3 +126,7 @@ def background(
         return wrapper
 
     return decorator
+
+
+prefetch = background
+"""Alias of :func:`background`, as in ``prefetch_generator``."""

@@ -57,7 +57,6 @@ class DeviceIterator(Iterator[T]):
         self._source: Iterator[Any] | None = source
         self._owned = owned
         self._pending: deque[tuple[Any, Any] | _Failure] = deque()
-        self._ops = owner._ops
         self.stats = LoaderStats(started=time.perf_counter())
 
     def __iter__(self) -> DeviceIterator[T]:
@@ -79,13 +78,8 @@ class DeviceIterator(Iterator[T]):
                 finally:
                     del error, entry
             batch, event = entry
-            ops = self._ops
-            if ops is not None and event is not None:
-                consumer = ops.current_stream()
-                consumer.wait_event(event)
-                if self._owner._lifetime == "record_stream":
-                    for tensor in ops.tensors_on_device(batch):
-                        ops.record(tensor, consumer)
+            if event is not None:
+                self._owner._hand_over(batch, event)
             self.stats.items += 1
             self._fill()  # start the next copy now, so it overlaps this batch's compute
             return batch  # type: ignore[no-any-return]
@@ -106,7 +100,7 @@ class DeviceIterator(Iterator[T]):
             self._pending.append(self._owner._to_device(host))
         except StopIteration:
             self._release()
-        except BaseException as error:  # noqa: BLE001 - delivered at its position
+        except BaseException as error:
             self._release()
             self._pending.append(_Failure(error))
 
@@ -183,7 +177,9 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             msg = f"CudaPrefetcher(transform=...) expects a callable or None, got {transform!r}"
             raise TypeError(msg)
         if lifetime not in LIFETIMES:
-            msg = f"CudaPrefetcher(lifetime=...) expects 'fence' or 'record_stream', got {lifetime!r}"
+            msg = (
+                f"CudaPrefetcher(lifetime=...) expects 'fence' or 'record_stream', got {lifetime!r}"
+            )
             raise ValueError(msg)
         self._loader = loader
         self._transform = transform
@@ -238,7 +234,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         if not self._warned_unpinned:
             self._warn_if_unpinned(host)
         if self._lifetime == "fence":
-            stream.wait_stream(ops.current_stream())
+            self._fence(ops, stream)
         with ops.use_stream(stream):
             batch = ops.copy(host)
             if transform is not None:
@@ -246,6 +242,28 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             event = ops.new_event()
             event.record(stream)
         return batch, event
+
+    def _fence(self, ops: device_ops.DeviceOps, stream: Any) -> None:
+        """Make the side stream wait for all work queued so far on the consumer stream."""
+        stream.wait_stream(ops.current_stream())
+
+    def _hand_over(self, batch: Any, event: Any) -> None:
+        """Make the consumer's current stream ready to use ``batch`` (consumer thread)."""
+        assert self._ops is not None
+        consumer = self._ops.current_stream()
+        self._consumer_wait(consumer, event)
+        if self._lifetime == "record_stream":
+            self._record_leaves(consumer, batch)
+
+    def _consumer_wait(self, consumer: Any, event: Any) -> None:
+        """Queue, on the consumer stream, a wait for this batch's copy event only."""
+        consumer.wait_event(event)
+
+    def _record_leaves(self, consumer: Any, batch: Any) -> None:
+        """Record every device tensor leaf of ``batch`` as used by ``consumer``."""
+        assert self._ops is not None
+        for tensor in self._ops.tensors_on_device(batch):
+            self._ops.record(tensor, consumer)
 
     def _warn_if_unpinned(self, host: Any) -> None:
         if not any(t.device.type == "cpu" and not t.is_pinned() for t in iter_tensors(host)):
@@ -263,11 +281,18 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         )
 
     def close(self) -> None:
-        """Drop the batches in flight and close the current epoch's source."""
+        """Drop the batches in flight and close the current epoch's source.
+
+        A wrapped :class:`~prefetch.BackgroundLoader` (or another prefetcher)
+        is closed too, so its thread stops even if the epoch's iterator was
+        already dropped.
+        """
         current = self._current() if self._current is not None else None
         self._current = None
         if current is not None:
             current.close()
+        if isinstance(self._loader, BackgroundLoader | CudaPrefetcher):
+            self._loader.close()
 
     def __enter__(self) -> CudaPrefetcher[T]:
         return self

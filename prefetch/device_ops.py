@@ -94,7 +94,9 @@ class DeviceOps:
         self.module: Any = torch.get_device_module(device.type)
         self.non_blocking = device.type != "mps"
         self.has_streams = (
-            device.type != "mps" and hasattr(self.module, "Stream") and hasattr(self.module, "Event")
+            device.type != "mps"
+            and hasattr(self.module, "Stream")
+            and hasattr(self.module, "Event")
         )
 
     def new_stream(self) -> Any:

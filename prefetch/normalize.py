@@ -87,9 +87,13 @@ class Normalize:
         self.key = key
         self.dtype = dtype
         self.channels_last = bool(channels_last)
-        self._cache: dict[tuple[torch.device, torch.dtype, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cache: dict[
+            tuple[torch.device, torch.dtype, bool], tuple[torch.Tensor, torch.Tensor]
+        ] = {}
 
-    def _coefficients(self, tensor: torch.Tensor, compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _coefficients(
+        self, tensor: torch.Tensor, compute: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         scaled = tensor.dtype == torch.uint8
         cache_key = (tensor.device, compute, scaled)
         cached = self._cache.get(cache_key)
@@ -127,7 +131,9 @@ class Normalize:
             elif result.dim() == 5:
                 result = result.contiguous(memory_format=torch.channels_last_3d)
             else:
-                msg = f"Normalize(channels_last=True) needs a 4-D or 5-D tensor, got {result.dim()}-D"
+                msg = (
+                    f"Normalize(channels_last=True) needs a 4-D or 5-D tensor, got {result.dim()}-D"
+                )
                 raise ValueError(msg)
         return result
 

@@ -125,7 +125,8 @@ def tensor_nbytes(batch: Any) -> int:
     """Return the bytes of tensor storage the leaves of ``batch`` hold.
 
     Example:
-        >>> tensor_nbytes({"x": torch.zeros(4, dtype=torch.float32), "y": [torch.zeros(2, dtype=torch.uint8)]})
+        >>> batch = {"x": torch.zeros(4), "y": [torch.zeros(2, dtype=torch.uint8)]}
+        >>> tensor_nbytes(batch)
         18
     """
     return sum(t.numel() * t.element_size() for t in iter_tensors(batch))

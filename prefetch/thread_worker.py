@@ -33,6 +33,7 @@ Invariants (every change here must keep them):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterator
 from queue import Empty, SimpleQueue
 from typing import Any
 
-import torch
+from torch.autograd import profiler
 
 __all__ = [
     "END",
@@ -109,10 +110,8 @@ class Channel:
                     break
                 if self.stop.is_set():
                     return False
-                try:
+                with contextlib.suppress(Empty):
                     self.space_ready.get(timeout=POLL_SECONDS)
-                except Empty:
-                    pass
             finally:
                 self.producer_waiting = False
         return not self.stop.is_set()
@@ -198,8 +197,8 @@ def _produce(
             channel.in_source = True
             started = time.perf_counter()
             try:
-                if torch.autograd._profiler_enabled():
-                    with torch.autograd.profiler.record_function("prefetch.fetch"):
+                if profiler._is_profiler_enabled:
+                    with profiler.record_function("prefetch.fetch"):
                         item = next(source)
                 else:
                     item = next(source)
@@ -216,7 +215,7 @@ def _produce(
             state = read_state() if read_state is not None else None
             channel.post((ITEM, item, state))
             del item, state
-    except BaseException as error:  # noqa: BLE001 - handed to the consumer, never dropped
+    except BaseException as error:
         try:
             release_source(source, owned)
         finally:
@@ -227,7 +226,7 @@ def _produce(
         if not released:
             try:
                 release_source(source, owned)
-            except BaseException as error:  # noqa: BLE001 - the consumer may still read it
+            except BaseException as error:
                 channel.post((ERROR, error, None))
         del source
 

@@ -1,0 +1,165 @@
+"""prefetch.compat: a drop-in for prefetch_generator, measured against the original."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import prefetch_generator
+import pytest
+
+from prefetch import compat
+
+from .conftest import prefetch_threads
+
+pytestmark = pytest.mark.timeout(30)
+
+IMPLEMENTATIONS: dict[str, Callable[..., Any]] = {
+    "original": prefetch_generator.BackgroundGenerator,
+    "compat": compat.BackgroundGenerator,
+}
+
+
+def drain_original(generator: Any) -> None:
+    """Unblock a leaked original thread by emptying its queue until it ends."""
+    while generator.is_alive():
+        while not generator.queue.empty():
+            generator.queue.get_nowait()
+        generator.join(0.01)
+
+
+class TestSameBehaviour:
+    """Code written for prefetch_generator works unchanged with compat."""
+
+    @pytest.mark.parametrize("name", IMPLEMENTATIONS)
+    @pytest.mark.parametrize("max_prefetch", [1, 3, 0])
+    def test_full_iteration(self, name: str, max_prefetch: int) -> None:
+        """Both deliver every item in order, for bounded and unbounded queues."""
+        generator = IMPLEMENTATIONS[name](iter(range(50)), max_prefetch=max_prefetch)
+        assert list(generator) == list(range(50))
+
+    @pytest.mark.parametrize("name", IMPLEMENTATIONS)
+    def test_next_method_and_exception(self, name: str) -> None:
+        """.next() works and an Exception from the source reaches the caller."""
+
+        def source() -> Iterator[int]:
+            yield 1
+            raise ValueError("bad")
+
+        generator = IMPLEMENTATIONS[name](source())
+        assert generator.next() == 1
+        with pytest.raises(ValueError, match="bad"):
+            generator.next()
+
+    @pytest.mark.parametrize("name", IMPLEMENTATIONS)
+    def test_preprocess_func(self, name: str) -> None:
+        """The deprecated preprocess_func argument still applies to each item."""
+        assert list(IMPLEMENTATIONS[name](iter([1, 2]), 1, lambda x: x * 10)) == [10, 20]
+
+    def test_decorators(self) -> None:
+        """@background and @prefetch wrap a generator function like the original's."""
+        for decorate in (compat.background, compat.prefetch):
+
+            @decorate(max_prefetch=2)
+            def count(n: int) -> Iterator[int]:
+                yield from range(n)
+
+            assert list(count(5)) == [0, 1, 2, 3, 4]
+            assert count.__name__ == "count"
+
+    def test_max_prefetch_is_exact(self) -> None:
+        """compat holds max_prefetch items ahead, where the original holds one more."""
+        produced = 0
+
+        def source() -> Iterator[int]:
+            nonlocal produced
+            for i in range(20):
+                produced += 1
+                yield i
+
+        leads = {}
+        for name, cls in IMPLEMENTATIONS.items():
+            produced = 0
+            generator = cls(source(), max_prefetch=2)
+            ahead = []
+            for received, _ in enumerate(generator, start=1):
+                time.sleep(0.005)
+                ahead.append(produced - received)
+            leads[name] = max(ahead)
+        assert leads == {"original": 3, "compat": 2}
+
+    def test_bad_max_prefetch(self) -> None:
+        """A non-int max_prefetch is a TypeError naming the argument."""
+        with pytest.raises(TypeError, match=r"max_prefetch=.*got '2'"):
+            compat.BackgroundGenerator(iter([]), max_prefetch="2")  # type: ignore[arg-type]
+
+
+class TestWhereTheOriginalFails:
+    """The scenarios users hit: the original fails, compat holds."""
+
+    def test_early_break_leaks_the_original_thread(self) -> None:
+        """After break + gc the original's thread stays blocked; compat's is gone."""
+        original = prefetch_generator.BackgroundGenerator(iter(range(100)), max_prefetch=1)
+        for item in original:
+            if item == 2:
+                break
+        gc.collect()
+        time.sleep(0.1)
+        assert original.is_alive()  # leaked: blocked in queue.put forever
+        drain_original(original)
+
+        ours = compat.BackgroundGenerator(iter(range(100)), max_prefetch=1)
+        for item in ours:
+            if item == 2:
+                break
+        del ours
+        gc.collect()
+        deadline = time.monotonic() + 2
+        while prefetch_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert prefetch_threads() == []
+
+    @pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(2)])
+    def test_base_exception_truncates_the_original(self, error: BaseException) -> None:
+        """A KeyboardInterrupt/SystemExit in the source silently ends the original's data."""
+
+        def source() -> Iterator[int]:
+            yield 1
+            raise error
+
+        # the original's thread dies printing the error; keep it out of pytest's warnings
+        hook, threading.excepthook = threading.excepthook, lambda args: None
+        try:
+            assert list(prefetch_generator.BackgroundGenerator(source())) == [1]
+        finally:
+            threading.excepthook = hook
+        got: list[int] = []
+        with pytest.raises(type(error)) as caught:
+            for item in compat.BackgroundGenerator(source()):
+                got.append(item)
+        assert caught.value is error
+        assert got == [1]
+
+    def test_none_item_is_delivered(self) -> None:
+        """None is an item for both (the pre-1.0.3 copies ended the data on it)."""
+        assert list(compat.BackgroundGenerator(iter([1, None, 2]))) == [1, None, 2]
+
+    def test_decorated_generator_is_closed_on_break(self) -> None:
+        """Stopping a @background generator early runs its finally block."""
+        finished = threading.Event()
+
+        @compat.background(max_prefetch=1)
+        def source() -> Iterator[int]:
+            try:
+                yield from range(1000)
+            finally:
+                finished.set()
+
+        for item in source():
+            if item == 1:
+                break
+        gc.collect()
+        assert finished.wait(2)

@@ -1,0 +1,141 @@
+"""Normalize: numerics against a float64 reference, dtypes, memory format, errors."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+import torch
+
+from prefetch import CudaPrefetcher, Normalize
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+Batch = namedtuple("Batch", "image label")
+
+
+def reference(
+    images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]
+) -> torch.Tensor:
+    """(x / 255 - mean) / std in float64, the way torchvision's ToTensor + Normalize does it."""
+    x = images.to(torch.float64)
+    if images.dtype == torch.uint8:
+        x = x / 255.0
+    m = torch.tensor(mean, dtype=torch.float64).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float64).view(-1, 1, 1)
+    return (x - m) / s
+
+
+def images(seed: int = 0, shape: tuple[int, ...] = (4, 3, 8, 8)) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+
+
+class TestNumerics:
+    """Results match the reference to the precision of the output dtype."""
+
+    @pytest.mark.parametrize(
+        ("dtype", "tolerance"),
+        [
+            (torch.float32, 1e-6),
+            (torch.float16, 2e-3),
+            (torch.bfloat16, 1.6e-2),
+            (torch.float64, 1e-12),
+        ],
+    )
+    def test_uint8_images(self, dtype: torch.dtype, tolerance: float) -> None:
+        """uint8 images are scaled, normalised and rounded once to the dtype."""
+        x = images()
+        out = Normalize(MEAN, STD, key=None, dtype=dtype)(x)
+        expected = reference(x, MEAN, STD)
+        assert out.dtype == dtype and out.shape == x.shape
+        error = (out.to(torch.float64) - expected).abs() / expected.abs().clamp(min=1.0)
+        assert error.max().item() <= tolerance
+        # rounding once: identical to the float64 reference cast to the dtype
+        assert torch.equal(out, expected.to(dtype)) or dtype in (torch.float32, torch.float64)
+
+    def test_float_input_is_not_scaled(self) -> None:
+        """Float input in [0, 1] is normalised without the /255 scaling."""
+        x = torch.rand(2, 3, 4, 4)
+        out = Normalize(MEAN, STD, key=None)(x)
+        assert torch.allclose(out.double(), reference(x, MEAN, STD), atol=1e-6)
+
+    def test_single_value_broadcasts(self) -> None:
+        """A single mean/std applies to every channel."""
+        x = images(shape=(2, 5, 3, 3))
+        out = Normalize(0.5, 0.25, key=None)(x)
+        assert torch.allclose(out.double(), reference(x, (0.5,), (0.25,)), atol=1e-5)
+
+    @pytest.mark.parametrize("dims", [4, 5])
+    def test_channels_last(self, dims: int) -> None:
+        """channels_last gives the same values in channels_last memory format."""
+        x = images(shape=(2, 3, 4, 4) if dims == 4 else (2, 2, 3, 4, 4))
+        out = Normalize(MEAN, STD, key=None, channels_last=True)(x)
+        fmt = torch.channels_last if dims == 4 else torch.channels_last_3d
+        assert out.is_contiguous(memory_format=fmt)
+        assert torch.allclose(out.double(), reference(x, MEAN, STD), atol=1e-5)
+
+
+class TestSelection:
+    """key selects the tensor; the rest of the batch is left as it was."""
+
+    def test_tuple_index(self) -> None:
+        """key=0 in a (image, label) tuple."""
+        x, label = images(), torch.tensor([1, 2, 3, 4])
+        out = Normalize(MEAN, STD)((x, label))
+        assert type(out) is tuple and out[1] is label and out[0].dtype == torch.float32
+
+    def test_dict_key_and_namedtuple_field(self) -> None:
+        """A dict key and a named tuple field name both select."""
+        x = images()
+        out = Normalize(MEAN, STD, key="pixels")({"pixels": x, "id": 3})
+        assert out["id"] == 3 and out["pixels"].dtype == torch.float32
+        named = Normalize(MEAN, STD, key="image")(Batch(x, 7))
+        assert type(named) is Batch and named.label == 7
+
+    def test_as_prefetcher_transform(self) -> None:
+        """Used as CudaPrefetcher's transform, each batch arrives normalised."""
+        batches = [(images(seed), torch.tensor([seed])) for seed in range(3)]
+        out = list(CudaPrefetcher(batches, device="cpu", transform=Normalize(MEAN, STD)))
+        for (x, _), (y, label) in zip(batches, out, strict=True):
+            assert torch.allclose(y.double(), reference(x, MEAN, STD), atol=1e-5)
+            assert label.dtype == torch.int64
+
+
+class TestErrors:
+    """Bad arguments and inputs are errors naming what was given."""
+
+    def test_length_mismatch(self) -> None:
+        """mean and std of different lengths is a ValueError with both counts."""
+        with pytest.raises(ValueError, match="3 means and 2 stds"):
+            Normalize(MEAN, (1.0, 1.0))
+
+    def test_zero_std(self) -> None:
+        """A zero std is a ValueError."""
+        with pytest.raises(ValueError, match="zero"):
+            Normalize((0.0,), (0.0,))
+
+    def test_integer_dtype(self) -> None:
+        """A non-floating dtype is a TypeError naming it."""
+        with pytest.raises(TypeError, match=r"torch\.int32"):
+            Normalize(MEAN, STD, dtype=torch.int32)
+
+    def test_bad_mean(self) -> None:
+        """A mean that is not numbers is a TypeError naming it."""
+        with pytest.raises(TypeError, match=r"mean=.*'abc'"):
+            Normalize("abc", STD)  # type: ignore[arg-type]
+
+    def test_wrong_channels(self) -> None:
+        """A tensor with another channel count is a ValueError with its shape."""
+        with pytest.raises(ValueError, match=r"got shape \(2, 4, 3, 3\)"):
+            Normalize(MEAN, STD, key=None)(torch.zeros(2, 4, 3, 3))
+
+    def test_not_a_tensor(self) -> None:
+        """A non-tensor at the key is a TypeError naming the key."""
+        with pytest.raises(TypeError, match="key 0"):
+            Normalize(MEAN, STD)(("image", 1))
+
+    def test_channels_last_needs_4d(self) -> None:
+        """channels_last on a 3-D tensor is a ValueError."""
+        with pytest.raises(ValueError, match="4-D or 5-D"):
+            Normalize(MEAN, STD, key=None, channels_last=True)(images(shape=(3, 4, 4)))

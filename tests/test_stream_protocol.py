@@ -1,0 +1,181 @@
+"""CudaPrefetcher's stream protocol, checked on a CPU with a recording fake device.
+
+Each check is also run against a prefetcher with one protection switched off,
+to show the check would catch that bug.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from prefetch import CudaPrefetcher, cuda_prefetcher
+
+from . import fake_device
+from .fake_device import FakeOps
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def nested_batches(n: int) -> list[dict[str, Any]]:
+    """Batches with tensors nested in a dict, a list and a tuple."""
+    return [
+        {"image": torch.full((2, 2), float(i)), "extra": [torch.tensor([i]), (torch.zeros(1), "s")]}
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def fake_ops(monkeypatch: pytest.MonkeyPatch) -> list[FakeOps]:
+    """Make every CudaPrefetcher see a fake 'cuda:0'; return the ops objects it creates."""
+    created: list[FakeOps] = []
+
+    def make(device: torch.device) -> FakeOps:
+        ops = FakeOps(device)
+        created.append(ops)
+        return ops
+
+    monkeypatch.setattr(
+        cuda_prefetcher.device_ops,
+        "resolve_device",
+        lambda device, owner="": torch.device("cuda", 0),
+    )
+    monkeypatch.setattr(cuda_prefetcher.device_ops, "make_device_ops", make)
+    return created
+
+
+def run_epochs(prefetcher: CudaPrefetcher[Any], ops: FakeOps, epochs: int = 1) -> list[Any]:
+    """Iterate, logging each hand-off; return every batch received."""
+    received = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors: expected here
+        for _ in range(epochs):
+            for batch in prefetcher:
+                fake_device.handed_over(ops.log, batch)
+                received.append(batch)
+    return received
+
+
+Sabotage = Callable[[pytest.MonkeyPatch], None]
+
+
+def no_consumer_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CudaPrefetcher, "_consumer_wait", lambda self, consumer, event: None)
+
+
+def no_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CudaPrefetcher, "_fence", lambda self, ops, stream: None)
+
+
+def no_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CudaPrefetcher, "_record_leaves", lambda self, consumer, batch: None)
+
+
+def copy_on_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        FakeOps, "use_stream", lambda self, stream: __import__("contextlib").nullcontext()
+    )
+
+
+class TestProtocol:
+    """The protocol holds for the real code, for depth 1 to 3 and both lifetimes."""
+
+    @pytest.mark.parametrize("depth", [1, 2, 3])
+    @pytest.mark.parametrize("lifetime", ["fence", "record_stream"])
+    def test_copies_on_side_stream_and_waits(
+        self, fake_ops: list[FakeOps], depth: int, lifetime: Any
+    ) -> None:
+        """Copies run on the side stream; the consumer waits on each batch's own event."""
+        prefetcher = CudaPrefetcher(nested_batches(6), depth=depth, lifetime=lifetime)
+        received = run_epochs(prefetcher, fake_ops[0], epochs=2)
+        (ops,) = fake_ops
+        assert len(received) == 12
+        assert [int(b["image"][0, 0]) for b in received] == list(range(6)) * 2
+        fake_device.check_copies_on_side_stream(ops.log, "side0")
+        fake_device.check_consumer_waits(ops.log, "side0")
+        if lifetime == "fence":
+            fake_device.check_fence_before_copies(ops.log, "side0")
+            assert not any(entry[0] == "record_stream" for entry in ops.log)
+        else:
+            fake_device.check_leaves_recorded(ops.log)
+            assert not any(entry[0] == "wait_stream" for entry in ops.log)
+
+    def test_one_side_stream_across_epochs(self, fake_ops: list[FakeOps]) -> None:
+        """Exactly one side stream is created, and reused, across three epochs."""
+        prefetcher = CudaPrefetcher(nested_batches(3))
+        run_epochs(prefetcher, fake_ops[0], epochs=3)
+        assert len(fake_ops[0].streams) == 1
+        assert prefetcher.stream is fake_ops[0].streams[0]
+
+    def test_depth_batches_in_flight(self, fake_ops: list[FakeOps]) -> None:
+        """With depth=3, three batches are already copying behind the one handed over."""
+        prefetcher = CudaPrefetcher(nested_batches(5), depth=3)
+        run_epochs(prefetcher, fake_ops[0])
+        log = fake_ops[0].log
+        first_handoff = next(i for i, e in enumerate(log) if e[0] == "handoff")
+        assert sum(1 for e in log[:first_handoff] if e[0] == "record_event") == 1 + 3
+
+    def test_transform_runs_on_side_stream(self, fake_ops: list[FakeOps]) -> None:
+        """The transform runs while the side stream is current, after the copy."""
+        seen: list[str] = []
+
+        def transform(batch: dict[str, Any]) -> dict[str, Any]:
+            seen.append(fake_ops[0].current.name)
+            return {**batch, "image": batch["image"] * 2}
+
+        prefetcher = CudaPrefetcher(nested_batches(3), transform=transform)
+        received = run_epochs(prefetcher, fake_ops[0])
+        assert seen == ["side0"] * 3
+        assert [float(b["image"][0, 0]) for b in received] == [0.0, 2.0, 4.0]
+
+
+class TestChecksCatchSabotage:
+    """Each protocol check fails when the protection it guards is switched off."""
+
+    @pytest.mark.parametrize(
+        ("sabotage", "lifetime", "check"),
+        [
+            (no_consumer_wait, "fence", fake_device.check_consumer_waits),
+            (no_fence, "fence", fake_device.check_fence_before_copies),
+            (no_record, "record_stream", lambda log, side: fake_device.check_leaves_recorded(log)),
+            (copy_on_consumer, "fence", fake_device.check_copies_on_side_stream),
+        ],
+        ids=["wait", "fence", "record_stream", "side-stream"],
+    )
+    def test_check_fails_without_protection(
+        self,
+        fake_ops: list[FakeOps],
+        monkeypatch: pytest.MonkeyPatch,
+        sabotage: Sabotage,
+        lifetime: Any,
+        check: Callable[[Any, str], None],
+    ) -> None:
+        """With the protection removed, the corresponding check raises."""
+        sabotage(monkeypatch)
+        prefetcher = CudaPrefetcher(nested_batches(4), depth=2, lifetime=lifetime)
+        run_epochs(prefetcher, fake_ops[0])
+        with pytest.raises(AssertionError):
+            check(fake_ops[0].log, "side0")
+
+
+class TestUnpinnedWarning:
+    """Unpinned host batches on a CUDA device warn once, with advice."""
+
+    def test_warns_once_and_names_background_loader(self, fake_ops: list[FakeOps]) -> None:
+        """One warning per prefetcher, suggesting pin_memory on the BackgroundLoader."""
+        from prefetch import BackgroundLoader
+
+        prefetcher = CudaPrefetcher(BackgroundLoader(nested_batches(3)))
+        with pytest.warns(UserWarning, match="pin_memory=True to the BackgroundLoader") as record:
+            list(prefetcher)
+            list(prefetcher)
+        assert len([w for w in record if "unpinned" in str(w.message)]) == 1
+
+    def test_warning_for_plain_loader(self, fake_ops: list[FakeOps]) -> None:
+        """For another loader the advice is to wrap it in BackgroundLoader(pin_memory=True)."""
+        with pytest.warns(UserWarning, match=r"BackgroundLoader\(loader, pin_memory=True\)"):
+            list(CudaPrefetcher(nested_batches(1)))
