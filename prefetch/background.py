@@ -134,9 +134,9 @@ class BackgroundIterator(Iterator[T]):
     def _wait_for_message(self) -> thread_worker.Message:
         channel = self._channel
         started = time.perf_counter()
-        channel.consumer_waiting = True
         try:
             while True:
+                channel.consumer_waiting = True  # announce, then re-check: no lost wake-up
                 try:
                     return channel.messages.popleft()
                 except IndexError:

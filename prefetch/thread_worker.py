@@ -99,6 +99,7 @@ class Channel:
         """Append a message (producer side) and wake the consumer if it waits."""
         self.messages.append(message)
         if self.consumer_waiting:
+            self.consumer_waiting = False  # one token per wait: the waiter re-arms
             self.data_ready.put(None)
 
     def wait_for_space(self) -> bool:
@@ -120,6 +121,7 @@ class Channel:
         """Count one consumed item (consumer side) and wake the producer if it waits."""
         self.consumed += 1
         if self.producer_waiting:
+            self.producer_waiting = False  # one token per wait: the waiter re-arms
             self.space_ready.put(None)
 
 
