@@ -70,6 +70,16 @@ class BackgroundIterator(Iterator[T]):
     Created by ``iter(background_loader)``; you rarely name it. It stops its
     thread when exhausted, on an error, on :meth:`close`, at the end of a
     ``with`` block and when garbage-collected.
+
+    Example:
+        >>> iterator = iter(BackgroundLoader(range(100)))
+        >>> next(iterator), next(iterator)
+        (0, 1)
+        >>> iterator.close()
+        >>> next(iterator)
+        Traceback (most recent call last):
+        ...
+        StopIteration
     """
 
     def __init__(
@@ -277,7 +287,11 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         current = self._current() if self._current is not None else None
         if current is not None:
             return current.stats
-        return self._epoch.stats if self._epoch is not None else LoaderStats()
+        if self._epoch is None:
+            return LoaderStats()
+        if self._producer is not None:
+            self._epoch.stats.source_seconds = self._producer[1].source_seconds
+        return self._epoch.stats
 
     def __iter__(self) -> BackgroundIterator[T]:
         self._stop_current(wait=True)
@@ -345,6 +359,17 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
         Raises:
             TypeError: If the wrapped loader has no ``state_dict``/``load_state_dict``.
+
+        Example:
+            >>> from torchdata.stateful_dataloader import StatefulDataLoader
+            >>> loader = BackgroundLoader(StatefulDataLoader(list(range(6))), depth=4)
+            >>> iterator = iter(loader)
+            >>> [next(iterator).item() for _ in range(2)]
+            [0, 1]
+            >>> state = loader.state_dict()  # the thread may be further ahead: not counted
+            >>> loader.load_state_dict(state)
+            >>> [batch.item() for batch in loader]
+            [2, 3, 4, 5]
         """
         self._require_stateful("state_dict")
         if self._epoch is None:

@@ -50,7 +50,15 @@ class _Failure:
 
 
 class DeviceIterator(Iterator[T]):
-    """One epoch of a :class:`CudaPrefetcher`; created by ``iter(prefetcher)``."""
+    """One epoch of a :class:`CudaPrefetcher`; created by ``iter(prefetcher)``.
+
+    Example:
+        >>> iterator = iter(CudaPrefetcher([torch.zeros(1), torch.ones(1)], device="cpu"))
+        >>> next(iterator)
+        tensor([0.])
+        >>> iterator.stats.items
+        1
+    """
 
     def __init__(self, owner: CudaPrefetcher[T], source: Iterator[Any], *, owned: bool) -> None:
         self._owner = owner

@@ -54,8 +54,8 @@ class Normalize:
         >>> images = torch.full((2, 3, 4, 4), 255, dtype=torch.uint8)
         >>> normalize = Normalize(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
         >>> out, labels = normalize((images, torch.tensor([0, 1])))
-        >>> out.dtype, out.unique().tolist(), labels.tolist()
-        (torch.float32, [1.0], [0, 1])
+        >>> out.dtype, round(out.max().item(), 5), labels.tolist()
+        (torch.float32, 1.0, [0, 1])
     """
 
     def __init__(

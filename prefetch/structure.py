@@ -47,8 +47,9 @@ def map_leaves(fn: Callable[[Any], Any], batch: Any) -> Any:
 
     Example:
         >>> from collections import OrderedDict
-        >>> map_leaves(lambda x: x * 10, OrderedDict(a=[1, (2, 3)], b="s"))
-        OrderedDict({'a': [10, (20, 30)], 'b': 'ssssssssss'})
+        >>> out = map_leaves(lambda x: x * 10, OrderedDict(a=[1, (2, 3)], b="s"))
+        >>> type(out).__name__, dict(out)
+        ('OrderedDict', {'a': [10, (20, 30)], 'b': 'ssssssssss'})
     """
     if isinstance(batch, torch.Tensor | str | bytes):
         return fn(batch)
