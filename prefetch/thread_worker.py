@@ -217,7 +217,7 @@ def _produce(
             state = read_state() if read_state is not None else None
             channel.post((ITEM, item, state))
             del item, state
-    except BaseException as error:
+    except BaseException as error:  # handed to the consumer, never dropped
         try:
             release_source(source, owned)
         finally:
@@ -228,8 +228,10 @@ def _produce(
         if not released:
             try:
                 release_source(source, owned)
-            except BaseException as error:
+            except BaseException as error:  # the consumer may still be reading
                 channel.post((ERROR, error, None))
+        if channel.stop.is_set():  # nobody will read them: free the prefetched items now
+            channel.messages.clear()
         del source
 
 
