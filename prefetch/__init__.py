@@ -8,7 +8,8 @@ and the training loop, ``len(loader)`` and ``loader.set_epoch(e)`` keep working.
 """
 
 from prefetch.background import BackgroundIterator, BackgroundLoader
-from prefetch.cuda_prefetcher import CudaPrefetcher, DeviceIterator
+from prefetch.cuda_prefetcher import CudaPrefetcher
+from prefetch.device_iterator import DeviceIterator
 from prefetch.normalize import Normalize
 from prefetch.stats import LoaderStats
 

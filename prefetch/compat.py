@@ -22,7 +22,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from prefetch.background import BackgroundIterator, EpochRecord, check_iterable
+from prefetch.arguments import check_iterable
+from prefetch.background_iterator import BackgroundIterator, EpochRecord
 
 __all__ = ["BackgroundGenerator", "background", "prefetch"]
 

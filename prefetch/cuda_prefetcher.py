@@ -17,121 +17,28 @@ runs: batches pass through, with ``transform`` applied.
 
 from __future__ import annotations
 
-import time
 import warnings
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
 from prefetch import device_ops
-from prefetch.background import BackgroundLoader, check_depth, check_iterable
+from prefetch.arguments import check_depth, check_iterable
+from prefetch.background import BackgroundLoader
+from prefetch.background_iterator import EpochRecord
+from prefetch.checkpoint import is_stateful, require_stateful
+from prefetch.device_iterator import DeviceIterator
 from prefetch.stats import LoaderStats
 from prefetch.structure import iter_tensors
-from prefetch.thread_worker import release_source
 from prefetch.wrapper import LoaderWrapper
 
-__all__ = ["CudaPrefetcher", "DeviceIterator"]
+__all__ = ["CudaPrefetcher"]
 
 T = TypeVar("T")
 Lifetime = Literal["fence", "record_stream"]
 LIFETIMES = ("fence", "record_stream")
-
-
-class _Failure:
-    """An exception that stands in the queue at the position it was raised."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-class DeviceIterator(Iterator[T]):
-    """One epoch of a :class:`CudaPrefetcher`; created by ``iter(prefetcher)``.
-
-    Example:
-        >>> iterator = iter(CudaPrefetcher([torch.zeros(1), torch.ones(1)], device="cpu"))
-        >>> next(iterator)
-        tensor([0.])
-        >>> iterator.stats.items
-        1
-    """
-
-    def __init__(self, owner: CudaPrefetcher[T], source: Iterator[Any], *, owned: bool) -> None:
-        self._owner = owner
-        self._source: Iterator[Any] | None = source
-        self._owned = owned
-        self._pending: deque[tuple[Any, Any] | _Failure] = deque()
-        self.stats = LoaderStats(started=time.perf_counter())
-
-    def __iter__(self) -> DeviceIterator[T]:
-        return self
-
-    def __next__(self) -> T:
-        started = time.perf_counter()
-        try:
-            self._fill()
-            if not self._pending:
-                self._finish()
-                raise StopIteration
-            entry = self._pending.popleft()
-            if isinstance(entry, _Failure):
-                self._finish()
-                error = entry.error
-                try:
-                    raise error
-                finally:
-                    del error, entry
-            batch, event = entry
-            if event is not None:
-                self._owner._hand_over(batch, event)
-            self.stats.items += 1
-            self._fill()  # start the next copy now, so it overlaps this batch's compute
-            return batch  # type: ignore[no-any-return]
-        finally:
-            self.stats.wait_seconds += time.perf_counter() - started
-
-    def _fill(self) -> None:
-        while self._source is not None and len(self._pending) < self._owner._depth:
-            self._load_one(self._source)
-
-    def _load_one(self, source: Iterator[Any]) -> None:
-        fetch_started = time.perf_counter()
-        try:
-            try:
-                host = next(source)
-            finally:
-                self.stats.source_seconds += time.perf_counter() - fetch_started
-            self._pending.append(self._owner._to_device(host))
-        except StopIteration:
-            self._release()
-        except BaseException as error:
-            self._release()
-            self._pending.append(_Failure(error))
-
-    def _release(self) -> None:
-        source, self._source = self._source, None
-        if source is not None:
-            release_source(source, self._owned)
-
-    def _finish(self) -> None:
-        if self.stats.finished is None:
-            self.stats.finished = time.perf_counter()
-        self._pending.clear()
-        self._release()
-
-    def close(self) -> None:
-        """Drop the batches in flight and release (close) the source iterator."""
-        self._finish()
-
-    def __enter__(self) -> DeviceIterator[T]:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class CudaPrefetcher(LoaderWrapper, Generic[T]):
@@ -201,8 +108,9 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             self._blocking_ops = ops
         self._stream: Any = None
         self._warned_unpinned = False
+        self._stateful = is_stateful(loader)
+        self._epoch: EpochRecord | None = None
         self._current: weakref.ref[DeviceIterator[T]] | None = None
-        self._last_stats = LoaderStats()
 
     @property
     def device(self) -> torch.device:
@@ -215,19 +123,55 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         return self._stream
 
     @property
+    def depth(self) -> int:
+        """Batches kept in flight behind the one handed over."""
+        return self._depth
+
+    @property
     def stats(self) -> LoaderStats:
-        """The latest epoch's :class:`~prefetch.LoaderStats`."""
-        return self._last_stats
+        """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first)."""
+        return self._epoch.stats if self._epoch is not None else LoaderStats()
 
     def __iter__(self) -> DeviceIterator[T]:
         self.close()
         source = iter(self._loader)
         if self._ops is not None and self._stream is None:
             self._stream = self._ops.new_stream()
-        iterator: DeviceIterator[T] = DeviceIterator(self, source, owned=source is not self._loader)
-        self._last_stats = iterator.stats
+        self._epoch = EpochRecord(self._read_state())
+        iterator: DeviceIterator[T] = DeviceIterator(
+            self, source, self._epoch, owned=source is not self._loader
+        )
         self._current = weakref.ref(iterator)
         return iterator
+
+    def _read_state(self) -> Any:
+        return self._loader.state_dict() if self._stateful else None
+
+    def state_dict(self) -> Any:
+        """Return the wrapped loader's state as of the last batch you received.
+
+        Batches in flight on the device are not counted, so
+        :meth:`load_state_dict` resumes right after the last batch your loop
+        saw. Stacked on a :class:`~prefetch.BackgroundLoader`, this holds
+        through both wrappers.
+
+        Raises:
+            TypeError: If the wrapped loader has no ``state_dict``/``load_state_dict``.
+        """
+        require_stateful(self._loader, "CudaPrefetcher.state_dict()")
+        if self._epoch is None:
+            return self._loader.state_dict()
+        return self._epoch.state
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Close any running epoch and load ``state_dict`` into the wrapped loader.
+
+        The next ``iter()`` resumes from that state.
+        """
+        require_stateful(self._loader, "CudaPrefetcher.load_state_dict()")
+        self.close()
+        self._epoch = None
+        self._loader.load_state_dict(state_dict)
 
     def _to_device(self, host: Any) -> tuple[Any, Any]:
         """Start the copy (and transform) of one batch; return it with its event."""

@@ -79,7 +79,14 @@ class LoaderWrapper:
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch number to the wrapped loader's sampler or dataset.
 
-        See :func:`set_epoch_on` for where it goes.
+        If the wrapped loader has ``set_epoch`` (another wrapper), only that is
+        called. Otherwise it is called on each of ``loader.sampler``,
+        ``loader.batch_sampler.sampler`` and ``loader.dataset`` that has it
+        (a ``DistributedSampler`` then reshuffles). If none has it, nothing
+        happens, so the same loop runs on one process with a plain sampler.
+
+        Raises:
+            TypeError: If ``epoch`` is not an int.
         """
         set_epoch_on(self._loader, epoch)
 

@@ -266,3 +266,54 @@ class TestProtocolOnCpu:
 def test_module_layout() -> None:
     """The device module exposes the seam the protocol tests replace."""
     assert cuda_prefetcher.device_ops is device_ops
+
+
+class Stateful:
+    """A resumable loader: its state is the position of the next item."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.position = 0
+        self.start = 0
+
+    def __iter__(self) -> Iterator[int]:
+        self.position, self.start = self.start, 0
+        while self.position < self.n:
+            self.position += 1
+            yield self.position - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.start = state["position"]
+
+
+class TestCheckpoint:
+    """state_dict counts only batches handed over, through both wrappers."""
+
+    @pytest.mark.parametrize("depth", [1, 3])
+    @pytest.mark.parametrize("stacked", [False, True])
+    @pytest.mark.parametrize("stop_after", [0, 1, 4, 9, 10])
+    def test_resume_is_exact(self, depth: int, stacked: bool, stop_after: int) -> None:
+        """Batches seen before the checkpoint plus those after resume are the epoch, once each."""
+
+        def build() -> CudaPrefetcher[int]:
+            source: Any = Stateful(10)
+            if stacked:
+                source = BackgroundLoader(source, depth=4)
+            return CudaPrefetcher(source, device="cpu", depth=depth)
+
+        loader = build()
+        iterator = iter(loader)
+        seen = [next(iterator) for _ in range(stop_after)]
+        state = loader.state_dict()
+        loader.close()
+        resumed = build()
+        resumed.load_state_dict(state)
+        assert seen + list(resumed) == list(range(10))
+
+    def test_needs_a_stateful_loader(self) -> None:
+        """state_dict over a loader without one is a TypeError naming the loader type."""
+        with pytest.raises(TypeError, match=r"CudaPrefetcher\.state_dict\(\).*got list"):
+            CudaPrefetcher([1], device="cpu").state_dict()

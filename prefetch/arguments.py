@@ -1,0 +1,46 @@
+"""Argument checks shared by the wrappers: errors that name the argument and the value."""
+
+from __future__ import annotations
+
+__all__ = ["check_bool", "check_depth", "check_iterable", "check_optional_count"]
+
+
+def check_iterable(loader: object, owner: str) -> None:
+    """Raise ``TypeError`` naming ``owner`` if ``loader`` cannot be iterated."""
+    if not (hasattr(loader, "__iter__") or hasattr(loader, "__getitem__")):
+        msg = f"{owner}(loader=...) expects an iterable, got {type(loader).__name__} {loader!r:.80}"
+        raise TypeError(msg)
+
+
+def check_depth(depth: object, owner: str) -> int:
+    """Return ``depth`` if it is an int >= 1, else raise naming the argument."""
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        msg = (
+            f"{owner}(depth=...) expects an int >= 1, got {depth!r} of type {type(depth).__name__}"
+        )
+        raise TypeError(msg)
+    if depth < 1:
+        msg = f"{owner}(depth=...) expects an int >= 1, got {depth}"
+        raise ValueError(msg)
+    return depth
+
+
+def check_bool(value: object, argument: str, owner: str) -> bool:
+    """Return ``value`` if it is a bool, else raise ``TypeError`` naming the argument."""
+    if not isinstance(value, bool):
+        msg = f"{owner}({argument}=...) expects a bool, got {value!r}"
+        raise TypeError(msg)
+    return value
+
+
+def check_optional_count(value: object, argument: str, owner: str) -> int | None:
+    """Return ``value`` if it is ``None`` or an int >= 1, else raise naming the argument."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{owner}({argument}=...) expects None or an int >= 1, got {value!r}"
+        raise TypeError(msg)
+    if value < 1:
+        msg = f"{owner}({argument}=...) expects None or an int >= 1, got {value}"
+        raise ValueError(msg)
+    return value

@@ -1,0 +1,175 @@
+"""``BackgroundIterator``: the consumer end of one epoch's producer thread.
+
+The thread itself lives in :mod:`prefetch.thread_worker`. This module takes
+items off the channel, waits (timed, checking the thread is alive) when none
+is ready, keeps the epoch's stats and checkpoint state, and shuts the thread
+down when the epoch ends, on ``close()``, or when the iterator is collected.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from queue import Empty
+from typing import Any, TypeVar
+
+from torch.autograd import profiler
+
+from prefetch import thread_worker
+from prefetch.stats import LoaderStats
+from prefetch.thread_worker import END, ITEM, Channel
+
+__all__ = ["CLOSE_TIMEOUT", "STUCK_GRACE", "BackgroundIterator", "EpochRecord"]
+
+T = TypeVar("T")
+
+CLOSE_TIMEOUT = 10.0
+"""Longest ``close()`` waits for the thread (shutting down DataLoader workers)."""
+STUCK_GRACE = 0.2
+"""How long ``close()`` waits for a thread that is blocked inside the source."""
+
+
+class EpochRecord:
+    """What the loader remembers of its current epoch without holding the iterator."""
+
+    __slots__ = ("start_state", "state", "stats")
+
+    def __init__(self, start_state: Any) -> None:
+        self.stats = LoaderStats(started=time.perf_counter())
+        self.start_state = start_state
+        self.state = start_state
+
+
+class BackgroundIterator(Iterator[T]):
+    """One epoch of a :class:`BackgroundLoader`: the consumer end of the thread.
+
+    Created by ``iter(background_loader)``; you rarely name it. It stops its
+    thread when exhausted, on an error, on :meth:`close`, at the end of a
+    ``with`` block and when garbage-collected.
+
+    Example:
+        >>> from prefetch import BackgroundLoader
+        >>> iterator = iter(BackgroundLoader(range(100)))
+        >>> next(iterator), next(iterator)
+        (0, 1)
+        >>> iterator.close()
+        >>> next(iterator)
+        Traceback (most recent call last):
+        ...
+        StopIteration
+    """
+
+    def __init__(
+        self,
+        source: Iterator[T],
+        depth: int,
+        epoch: EpochRecord,
+        *,
+        owned: bool,
+        prepare: Callable[[Any], Any] | None,
+        read_state: Callable[[], Any] | None,
+        setup: Callable[[], None] | None,
+    ) -> None:
+        self._channel = Channel(depth)
+        self._epoch = epoch
+        self._track_state = read_state is not None
+        self._done = False
+        self._thread = thread_worker.start_producer(
+            self._channel, source, owned=owned, prepare=prepare, read_state=read_state, setup=setup
+        )
+        self._finalizer = weakref.finalize(self, thread_worker.request_stop, self._channel)
+        self._finalizer.atexit = False
+
+    @property
+    def stats(self) -> LoaderStats:
+        """This epoch's :class:`~prefetch.LoaderStats`."""
+        stats = self._epoch.stats
+        stats.source_seconds = self._channel.source_seconds
+        return stats
+
+    def __iter__(self) -> BackgroundIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        try:
+            kind, payload, state = self._channel.messages.popleft()
+        except IndexError:
+            kind, payload, state = self._wait()
+        if kind == ITEM:
+            self._channel.release_slot()
+            epoch = self._epoch
+            epoch.stats.items += 1
+            if self._track_state:
+                epoch.state = state
+            return payload  # type: ignore[no-any-return]
+        self._finish()
+        if kind == END:
+            raise StopIteration
+        try:
+            raise payload
+        finally:
+            del payload
+
+    def _wait(self) -> thread_worker.Message:
+        if profiler._is_profiler_enabled:
+            with profiler.record_function("prefetch.wait"):
+                return self._wait_for_message()
+        return self._wait_for_message()
+
+    def _wait_for_message(self) -> thread_worker.Message:
+        channel = self._channel
+        started = time.perf_counter()
+        try:
+            while True:
+                channel.consumer_waiting = True  # announce, then re-check: no lost wake-up
+                try:
+                    return channel.messages.popleft()
+                except IndexError:
+                    pass
+                try:
+                    channel.data_ready.get(timeout=thread_worker.POLL_SECONDS)
+                except Empty:
+                    if not self._thread.is_alive() and not channel.messages:
+                        self._finish()
+                        msg = (
+                            f"prefetch thread {self._thread.name!r} exited without "
+                            "delivering an item, an error or the end of the data"
+                        )
+                        raise RuntimeError(msg) from None
+        finally:
+            channel.consumer_waiting = False
+            self._epoch.stats.wait_seconds += time.perf_counter() - started
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            stats = self.stats
+            stats.finished = time.perf_counter()
+        self._finalizer()
+        thread_worker.join_producer(
+            self._thread, self._channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
+        )
+        self._channel.messages.clear()
+
+    def close(self, wait: bool = False) -> None:
+        """Stop the thread and release the source; prefetched items are dropped.
+
+        Returns within about ``0.2`` s even if the thread is blocked inside the
+        source (it then exits by itself when the source returns).
+
+        Args:
+            wait: Wait for the thread however long it takes instead (used
+                before a new epoch reuses the same source).
+        """
+        self._finish()
+        while wait and self._thread.is_alive():
+            self._thread.join(0.1)
+
+    def __enter__(self) -> BackgroundIterator[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

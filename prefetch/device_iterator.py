@@ -1,0 +1,143 @@
+"""``DeviceIterator``: one epoch of a :class:`~prefetch.CudaPrefetcher`.
+
+It runs entirely on the training loop's thread. It keeps ``depth`` batches in
+flight behind the one being handed over, each with the event that marks its
+copy done and the wrapped loader's checkpoint state right after it was
+produced; an error from the source or the transform waits in the queue at
+its position, so every batch before it is delivered first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from prefetch.background_iterator import EpochRecord
+from prefetch.stats import LoaderStats
+from prefetch.thread_worker import release_source
+
+if TYPE_CHECKING:
+    from prefetch.cuda_prefetcher import CudaPrefetcher
+
+__all__ = ["DeviceIterator"]
+
+T = TypeVar("T")
+
+
+class InFlight(NamedTuple):
+    """A batch whose copy has been queued: the batch, its event, the source state after it."""
+
+    batch: Any
+    event: Any
+    state: Any
+
+
+class Failure(NamedTuple):
+    """An exception that stands in the queue at the position it was raised."""
+
+    error: BaseException
+
+
+class DeviceIterator(Iterator[T]):
+    """One epoch of a :class:`~prefetch.CudaPrefetcher`; created by ``iter(prefetcher)``.
+
+    Example:
+        >>> import torch
+        >>> from prefetch import CudaPrefetcher
+        >>> iterator = iter(CudaPrefetcher([torch.zeros(1), torch.ones(1)], device="cpu"))
+        >>> next(iterator)
+        tensor([0.])
+        >>> iterator.stats.items
+        1
+    """
+
+    def __init__(
+        self,
+        owner: CudaPrefetcher[T],
+        source: Iterator[Any],
+        epoch: EpochRecord,
+        *,
+        owned: bool,
+    ) -> None:
+        self._owner = owner
+        self._source: Iterator[Any] | None = source
+        self._owned = owned
+        self._epoch = epoch
+        self._pending: deque[InFlight | Failure] = deque()
+
+    @property
+    def stats(self) -> LoaderStats:
+        """This epoch's :class:`~prefetch.LoaderStats`."""
+        return self._epoch.stats
+
+    def __iter__(self) -> DeviceIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        started = time.perf_counter()
+        try:
+            self._fill()
+            if not self._pending:
+                self._finish()
+                raise StopIteration
+            entry = self._pending.popleft()
+            if isinstance(entry, Failure):
+                self._finish()
+                error = entry.error
+                try:
+                    raise error
+                finally:
+                    del error, entry
+            if entry.event is not None:
+                self._owner._hand_over(entry.batch, entry.event)
+            self._epoch.state = entry.state
+            self._epoch.stats.items += 1
+            self._fill()  # start the next copy now, so it overlaps this batch's compute
+            return entry.batch  # type: ignore[no-any-return]
+        finally:
+            self._epoch.stats.wait_seconds += time.perf_counter() - started
+
+    def _fill(self) -> None:
+        while self._source is not None and len(self._pending) < self._owner.depth:
+            self._load_one(self._source)
+
+    def _load_one(self, source: Iterator[Any]) -> None:
+        stats = self._epoch.stats
+        fetch_started = time.perf_counter()
+        try:
+            try:
+                host = next(source)
+            finally:
+                stats.source_seconds += time.perf_counter() - fetch_started
+            state = self._owner._read_state()
+            batch, event = self._owner._to_device(host)
+            self._pending.append(InFlight(batch, event, state))
+        except StopIteration:
+            self._release()
+        except BaseException as error:  # delivered at its position, never dropped
+            self._release()
+            self._pending.append(Failure(error))
+
+    def _release(self) -> None:
+        source, self._source = self._source, None
+        if source is not None:
+            release_source(source, self._owned)
+
+    def _finish(self) -> None:
+        stats = self._epoch.stats
+        if stats.finished is None:
+            stats.finished = time.perf_counter()
+        self._pending.clear()
+        self._release()
+
+    def close(self) -> None:
+        """Drop the batches in flight and release (close) the source iterator."""
+        self._finish()
+
+    def __enter__(self) -> DeviceIterator[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
