@@ -1,0 +1,22 @@
+"""Benchmarks of :mod:`prefetch` against the patterns people use today.
+
+Run ``python -m prefetch.bench`` (``make bench``); ``--help`` lists the
+options. Workloads:
+
+* ``handoff`` - cost of handing one tiny item between threads, by depth;
+* ``jittery`` - storage-like latency with a heavy tail, against the ideal;
+* ``pipeline`` - a DataLoader (0 or 2 workers) feeding a small CNN on the CPU;
+* ``gpu`` - host-to-device copies hidden behind training steps (CUDA only);
+* ``control`` - a negative control: GIL-bound work, where threads cannot help.
+
+Every configuration runs several times, interleaved, and the reports give
+medians and medians of per-repeat ratios. Results go to ``docs/benchmarks/``
+as ``results.json``, ``results.rst`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+__all__ = ["WORKLOADS"]
+
+WORKLOADS = ("handoff", "jittery", "pipeline", "gpu", "control")
+"""Workload names, in the order they run."""
