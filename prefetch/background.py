@@ -117,8 +117,10 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
     def __iter__(self) -> BackgroundIterator[T]:
         self._stop_current(wait=True)
         loader = self._loader
-        start_state = loader.state_dict() if self._stateful else None  # type: ignore[attr-defined]
         source = iter(loader)
+        # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
+        # this state, not the finished previous one. The thread has not started yet.
+        start_state = loader.state_dict() if self._stateful else None  # type: ignore[attr-defined]
         self._epoch = EpochRecord(start_state)
         iterator = BackgroundIterator(
             source,

@@ -75,11 +75,21 @@ class BackgroundIterator(Iterator[T]):
         self._epoch = epoch
         self._track_state = read_state is not None
         self._done = False
-        self._thread = thread_worker.start_producer(
-            self._channel, source, owned=owned, prepare=prepare, read_state=read_state, setup=setup
-        )
+        self._source_error_id: int | None = None
         self._finalizer = weakref.finalize(self, thread_worker.request_stop, self._channel)
         self._finalizer.atexit = False
+        try:
+            self._thread = thread_worker.start_producer(
+                self._channel,
+                source,
+                owned=owned,
+                prepare=prepare,
+                read_state=read_state,
+                setup=setup,
+            )
+        except BaseException:  # e.g. Ctrl-C while Thread.start() waits: never leave it running
+            self._finalizer()
+            raise
 
     @property
     def stats(self) -> LoaderStats:
@@ -108,10 +118,19 @@ class BackgroundIterator(Iterator[T]):
         self._finish()
         if kind == END:
             raise StopIteration
+        self._source_error_id = id(payload)
         try:
             raise payload
         finally:
             del payload
+
+    def raised_by_source(self, error: BaseException) -> bool:
+        """Return whether ``error`` is the source's error this iterator re-raised.
+
+        Lets a consumer tell a ``KeyboardInterrupt`` raised *by the source* (to
+        be delivered in order) from one raised on its own thread (Ctrl-C).
+        """
+        return self._source_error_id == id(error)
 
     def _wait(self) -> thread_worker.Message:
         if profiler._is_profiler_enabled:

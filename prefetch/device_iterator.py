@@ -1,10 +1,13 @@
 """``DeviceIterator``: one epoch of a :class:`~prefetch.CudaPrefetcher`.
 
-It runs entirely on the training loop's thread. It keeps ``depth`` batches in
-flight behind the one being handed over, each with the event that marks its
-copy done and the wrapped loader's checkpoint state right after it was
-produced; an error from the source or the transform waits in the queue at
-its position, so every batch before it is delivered first.
+It runs entirely on the training loop's thread. On a device with streams it
+keeps ``depth`` batches in flight behind the one being handed over, each with
+the event that marks its copy done and the wrapped loader's checkpoint state
+right after it was produced; on the CPU it passes batches straight through.
+An error from the source or the transform waits in the queue at its
+position, so every batch before it is delivered first. A ``KeyboardInterrupt``
+raised on this thread while it refills (Ctrl-C, not the source's own) is
+raised at once, with the queue left intact.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ class Failure(NamedTuple):
     """An exception that stands in the queue at the position it was raised."""
 
     error: BaseException
+
+
+def _raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
+    """Whether a ``BaseException`` came from the producer (not from this thread)."""
+    check = getattr(source, "raised_by_source", None)
+    return bool(check(error)) if callable(check) else False
 
 
 class DeviceIterator(Iterator[T]):
@@ -78,11 +87,11 @@ class DeviceIterator(Iterator[T]):
     def __next__(self) -> T:
         started = time.perf_counter()
         try:
-            self._fill()
+            self._fill(1)
             if not self._pending:
                 self._finish()
                 raise StopIteration
-            entry = self._pending.popleft()
+            entry = self._pending[0]
             if isinstance(entry, Failure):
                 self._finish()
                 error = entry.error
@@ -91,16 +100,20 @@ class DeviceIterator(Iterator[T]):
                 finally:
                     del error, entry
             if entry.event is not None:
+                # Queue the copies of the next `depth` batches before handing this
+                # one over, so they overlap its compute. The batch stays first in
+                # line until then: an interrupt here loses nothing.
+                self._fill(1 + self._owner.depth)
                 self._owner._hand_over(entry.batch, entry.event)
+            self._pending.popleft()
             self._epoch.state = entry.state
             self._epoch.stats.items += 1
-            self._fill()  # start the next copy now, so it overlaps this batch's compute
             return entry.batch  # type: ignore[no-any-return]
         finally:
             self._epoch.stats.wait_seconds += time.perf_counter() - started
 
-    def _fill(self) -> None:
-        while self._source is not None and len(self._pending) < self._owner.depth:
+    def _fill(self, count: int) -> None:
+        while self._source is not None and len(self._pending) < count:
             self._load_one(self._source)
 
     def _load_one(self, source: Iterator[Any]) -> None:
@@ -116,9 +129,11 @@ class DeviceIterator(Iterator[T]):
             self._pending.append(InFlight(batch, event, state))
         except StopIteration:
             self._release()
-        except BaseException as error:  # delivered at its position, never dropped
+        except BaseException as error:
+            if not (isinstance(error, Exception) or _raised_by_source(source, error)):
+                raise  # Ctrl-C or a timeout on this thread: raise now; the queue stays intact
             self._release()
-            self._pending.append(Failure(error))
+            self._pending.append(Failure(error))  # delivered at its position, never dropped
 
     def _release(self) -> None:
         source, self._source = self._source, None

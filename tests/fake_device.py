@@ -7,8 +7,10 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 
+from prefetch import cuda_prefetcher
 from prefetch.structure import iter_tensors, map_tensors
 
 Log = list[tuple[Any, ...]]
@@ -150,3 +152,20 @@ def check_leaves_recorded(log: Log) -> None:
         if entry[0] == "handoff":
             missing = [ident for ident in entry[1] if ident not in recorded]
             assert not missing, f"{len(missing)} leaves handed over without record_stream"
+
+
+def install(monkeypatch: pytest.MonkeyPatch) -> list[FakeOps]:
+    """Make every CudaPrefetcher see a fake 'cuda:0'; return the ops objects it creates."""
+    created: list[FakeOps] = []
+
+    def make(device: torch.device) -> FakeOps:
+        ops = FakeOps(device)
+        created.append(ops)
+        return ops
+
+    def resolve(device: object, owner: str = "") -> torch.device:
+        return torch.device("cuda", 0)
+
+    monkeypatch.setattr(cuda_prefetcher.device_ops, "resolve_device", resolve)
+    monkeypatch.setattr(cuda_prefetcher.device_ops, "make_device_ops", make)
+    return created

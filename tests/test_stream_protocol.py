@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from prefetch import CudaPrefetcher, cuda_prefetcher
+from prefetch import CudaPrefetcher
 
 from . import fake_device
 from .fake_device import FakeOps
@@ -32,20 +32,7 @@ def nested_batches(n: int) -> list[dict[str, Any]]:
 @pytest.fixture
 def fake_ops(monkeypatch: pytest.MonkeyPatch) -> list[FakeOps]:
     """Make every CudaPrefetcher see a fake 'cuda:0'; return the ops objects it creates."""
-    created: list[FakeOps] = []
-
-    def make(device: torch.device) -> FakeOps:
-        ops = FakeOps(device)
-        created.append(ops)
-        return ops
-
-    monkeypatch.setattr(
-        cuda_prefetcher.device_ops,
-        "resolve_device",
-        lambda device, owner="": torch.device("cuda", 0),
-    )
-    monkeypatch.setattr(cuda_prefetcher.device_ops, "make_device_ops", make)
-    return created
+    return fake_device.install(monkeypatch)
 
 
 def run_epochs(prefetcher: CudaPrefetcher[Any], ops: FakeOps, epochs: int = 1) -> list[Any]:
