@@ -29,10 +29,16 @@ Invariants (every change here must keep them):
   traceback cannot keep DataLoader worker processes alive.
 * **Prompt stop.** Every wait of the producer is timed and checks
   :attr:`Channel.stop`; after stopping it releases the source iterator.
+* **Quiet exit.** At interpreter exit every live producer is asked to stop
+  and given at most :data:`EXIT_GRACE` seconds in all (none while it is
+  stuck inside the source) to release its source, so DataLoader workers are
+  shut down cleanly and no producer runs torch code while the interpreter
+  is torn down. Exit never waits longer than that.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import threading
@@ -61,8 +67,12 @@ ITEM, ERROR, END = 0, 1, 2
 POLL_SECONDS = 0.1
 """How often a blocked side re-checks that the other side is still there."""
 
+EXIT_GRACE = 1.0
+"""Longest the interpreter's exit waits, in all, for producers to stop."""
+
 Message = tuple[int, Any, Any]
 _thread_ids = itertools.count(1)
+_live: set[tuple[threading.Thread, Channel]] = set()  # producers started and not yet ended
 
 
 class Channel:
@@ -178,8 +188,29 @@ def start_producer(
         name=f"prefetch-{next(_thread_ids)}",
         daemon=True,
     )
-    thread.start()
+    entry = (thread, channel)
+    _live.add(entry)
+    try:
+        thread.start()
+    except BaseException:
+        if not thread.is_alive():
+            _live.discard(entry)
+        raise
     return thread
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    """Stop every live producer before the interpreter is torn down (bounded; see module)."""
+    producers = list(_live)
+    for _, channel in producers:
+        request_stop(channel)
+    deadline = time.monotonic() + EXIT_GRACE
+    for thread, channel in producers:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        join_producer(thread, channel, timeout=remaining, stuck_grace=0.05)
 
 
 def _produce(
@@ -232,6 +263,7 @@ def _produce(
                 channel.post((ERROR, error, None))
         if channel.stop.is_set():  # nobody will read them: free the prefetched items now
             channel.messages.clear()
+        _live.discard((threading.current_thread(), channel))
         del source
 
 

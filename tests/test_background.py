@@ -371,6 +371,42 @@ class TestShutdown:
             assert torch.multiprocessing.active_children() == []
 
 
+EXIT_SCRIPT = """
+import time
+from prefetch import BackgroundLoader
+
+class Source:
+    def __iter__(self):
+        try:
+            yield from range(1000)
+        finally:
+            print("released", flush=True)
+
+iterator = iter(BackgroundLoader(Source(), depth=2))
+next(iterator)
+time.sleep(0.1)  # the producer now waits for space; the iterator is never closed
+print("exiting", flush=True)
+"""
+
+
+class TestInterpreterExit:
+    """At exit, live producers are stopped and release their sources, within a bound."""
+
+    @pytest.mark.timeout(60)
+    def test_abandoned_producer_releases_its_source_at_exit(self) -> None:
+        """A process with an open epoch exits promptly, and the source's finally block runs."""
+        import subprocess
+        import sys
+
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=50
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["exiting", "released"]
+        assert time.monotonic() - started < 45
+
+
 class TestPassThrough:
     """len, set_epoch and attributes reach the wrapped loader."""
 
