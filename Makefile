@@ -26,7 +26,7 @@ test: $(STAMP)  ## run the whole test suite (GPU tests skip without CUDA)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)  ## run only the GPU tests (needs CUDA)
-	$(PY) -m pytest tests/gpu -m gpu -v $(PYTEST_ARGS)
+	$(PY) -m pytest tests/gpu -v -rs $(PYTEST_ARGS)
 
 stress: $(STAMP)  ## long soak / stress run
 	PREFETCH_STRESS=full $(PY) -m pytest tests/test_stress.py -v $(PYTEST_ARGS)

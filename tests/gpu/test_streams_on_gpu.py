@@ -13,7 +13,11 @@ import torch
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 SLOW_CYCLES = 20_000_000  # ~10 ms of spinning on the GPU
 
 
