@@ -18,6 +18,7 @@ from prefetch import BackgroundLoader
 from prefetch.thread_worker import Channel
 
 from .conftest import prefetch_threads
+from .sources import Stateful
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -527,28 +528,6 @@ class TestPinMemory:
         assert all(name.startswith("prefetch-") for name, _ in calls)
         assert len(selected) == 1
         assert selected[0][0].startswith("prefetch-") and selected[0][1] == 3
-
-
-class Stateful:
-    """A minimal stateful loader: state is the position of the next item."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.position = 0
-        self.start = 0
-
-    def __iter__(self) -> Iterator[int]:
-        self.position = self.start
-        self.start = 0
-        while self.position < self.n:
-            self.position += 1
-            yield self.position - 1
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.start = state["position"]
 
 
 class TestCheckpoint:

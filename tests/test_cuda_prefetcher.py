@@ -16,6 +16,7 @@ from prefetch import BackgroundLoader, CudaPrefetcher, cuda_prefetcher, device_o
 from prefetch.device_ops import DeviceOps, resolve_device
 
 from .conftest import prefetch_threads
+from .sources import Stateful
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -266,27 +267,6 @@ class TestProtocolOnCpu:
 def test_module_layout() -> None:
     """The device module exposes the seam the protocol tests replace."""
     assert cuda_prefetcher.device_ops is device_ops
-
-
-class Stateful:
-    """A resumable loader: its state is the position of the next item."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.position = 0
-        self.start = 0
-
-    def __iter__(self) -> Iterator[int]:
-        self.position, self.start = self.start, 0
-        while self.position < self.n:
-            self.position += 1
-            yield self.position - 1
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.start = state["position"]
 
 
 class TestCheckpoint:
