@@ -439,13 +439,16 @@ class TestDataLoaderWorkers:
     @pytest.mark.timeout(60)
     @pytest.mark.parametrize("stacked", [False, True])
     def test_sigkill_of_a_worker_raises_promptly(self, stacked: bool) -> None:
-        """A worker killed by SIGKILL gives the loop a RuntimeError within 5 s; nothing leaks."""
+        """A SIGKILLed worker gives the loop DataLoader's error within 5 s; nothing leaks."""
         # DataLoader's own worker-status check runs every 5 s, so cleanup may take that long.
+        # DataLoader reports the death as RuntimeError('DataLoader worker ... killed'), or, when
+        # the kill lands while a batch's shared-memory handle is being passed, as the EOFError /
+        # ConnectionError of that transfer. Either is DataLoader's own error, delivered as is.
         data = DataLoader(SlowDataset(10_000, delay=0.002), batch_size=2, num_workers=2)
         background = BackgroundLoader(data, depth=2)
         loader = CudaPrefetcher(background, device="cpu") if stacked else background
         killed_at: float | None = None
-        with pytest.raises(RuntimeError, match=r"(?i)worker") as info:
+        with pytest.raises((RuntimeError, EOFError, ConnectionError)) as info:
             for step, _batch in enumerate(loader):
                 if step == 5:
                     workers = live_child_pids()
@@ -455,6 +458,8 @@ class TestDataLoaderWorkers:
                 assert killed_at is None or time.monotonic() - killed_at < 5.0
         assert killed_at is not None
         assert time.monotonic() - killed_at < 5.0
+        if isinstance(info.value, RuntimeError):
+            assert "worker" in str(info.value).lower(), info.value
         del info
         threads, children = settle(15.0)
         assert threads == [] and children == []
