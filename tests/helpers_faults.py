@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.utils.data import Dataset
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -338,3 +341,32 @@ def kill_session(session_id: int) -> None:
     for pid in session_members(session_id):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+class SlowDataset(Dataset[torch.Tensor]):
+    """A map-style dataset whose items take ``delay`` seconds; negative indices raise."""
+
+    def __init__(self, size: int, delay: float = 0.0) -> None:
+        self.size = size
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index < 0:
+            raise ValueError(f"poisoned index {index}")
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.tensor(index)
+
+
+def drain(iterator: Iterator[Any]) -> tuple[list[Any], BaseException | None]:
+    """Consume ``iterator``; return the items and the exception that ended it (or None)."""
+    items: list[Any] = []
+    try:
+        for item in iterator:
+            items.append(item)
+    except BaseException as error:
+        return items, error
+    return items, None

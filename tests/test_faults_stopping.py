@@ -1,0 +1,179 @@
+"""Faults: stopping from the loop, and interrupts during start-up and refills (issue 6).
+
+Every test here has a hard timeout; "promptly" means within a few seconds,
+never a speed claim.
+"""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch.thread_worker import request_stop
+
+from . import fake_device
+from .helpers_faults import (
+    prefetch_threads,
+    wait_until,
+)
+
+
+class TestStopping:
+    """close(), garbage collection and stuck sources never hang."""
+
+    @pytest.mark.timeout(30)
+    @pytest.mark.parametrize("stacked", [False, True])
+    def test_close_returns_while_the_producer_is_stuck_in_the_source(self, stacked: bool) -> None:
+        """close() returns within 2 s although the producer is blocked inside next(source)."""
+        release = threading.Event()
+        entered = threading.Event()
+
+        def stuck() -> Iterator[int]:
+            yield 0
+            yield 1  # the stacked prefetcher fetches one batch ahead on the consumer thread
+            entered.set()
+            release.wait()
+            yield 2
+
+        background = BackgroundLoader(stuck(), depth=2)
+        loader = CudaPrefetcher(background, device="cpu") if stacked else background
+        iterator = iter(loader)
+        assert next(iterator) == 0
+        assert entered.wait(5)
+        started = time.monotonic()
+        iterator.close()
+        assert time.monotonic() - started < 2.0
+        with pytest.raises(StopIteration):
+            next(iterator)
+        release.set()
+        assert wait_until(lambda: not prefetch_threads(), 5.0)
+
+    @pytest.mark.timeout(30)
+    @pytest.mark.parametrize("depth", [1, 3])
+    def test_garbage_collection_stops_a_blocked_producer(self, depth: int) -> None:
+        """Dropping an iterator whose producer waits on a full queue ends the thread."""
+        iterator = iter(BackgroundLoader(range(10**9), depth=depth))
+        next(iterator)
+        assert wait_until(lambda: len(prefetch_threads()) == 1, 2.0)
+        del iterator
+        assert wait_until(lambda: not prefetch_threads(), 3.0)
+
+    @pytest.mark.timeout(30)
+    def test_close_from_inside_the_loop(self) -> None:
+        """close() called in the loop body ends the loop cleanly after the current item."""
+        loader = CudaPrefetcher(BackgroundLoader(range(100), depth=4), device="cpu", depth=2)
+        seen = []
+        for item in loader:
+            seen.append(item)
+            if item == 9:
+                loader.close()
+        assert seen == list(range(10))
+        assert wait_until(lambda: not prefetch_threads(), 3.0)
+
+
+class TestInterruptedStart:
+    """A Ctrl-C that lands while the producer thread is being started leaves no thread behind."""
+
+    @pytest.mark.timeout(30)
+    def test_start_interrupted(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """KeyboardInterrupt inside the producer's Thread.start() propagates; the thread stops."""
+        real_start = threading.Thread.start
+
+        def interrupted_start(thread: threading.Thread) -> None:
+            real_start(thread)
+            if thread.name.startswith("prefetch-"):
+                raise KeyboardInterrupt  # as a SIGINT landing in Thread.start()'s wait
+
+        monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+        loader = BackgroundLoader(range(10**6), depth=2)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                iter(loader)
+            monkeypatch.undo()
+            assert wait_until(lambda: not prefetch_threads(), 3.0), "producer thread leaked"
+        finally:
+            for thread in prefetch_threads():  # unblock the leaked thread for the next tests
+                channel = getattr(thread, "_args", (None,))[0]
+                if channel is not None:
+                    request_stop(channel)
+
+
+class TestInterruptWhileRefilling:
+    """Ctrl-C while CudaPrefetcher waits for its source: neither postponed nor lost."""
+
+    @staticmethod
+    def gated_loader() -> tuple[threading.Event, BackgroundLoader[int]]:
+        gate = threading.Event()
+
+        def gated() -> Iterator[int]:
+            yield 0
+            gate.wait(20)
+            yield 1
+
+        return gate, BackgroundLoader(gated(), depth=1)
+
+    @staticmethod
+    def interrupt_soon() -> threading.Timer:
+        timer = threading.Timer(0.3, _thread.interrupt_main)
+        timer.start()
+        return timer
+
+    @pytest.mark.timeout(30)
+    def test_cpu_path_hands_over_without_waiting_for_the_next(self) -> None:
+        """On the CPU a batch is handed over at once; Ctrl-C comes out of the next() that waits."""
+        gate, background = self.gated_loader()
+        iterator = iter(CudaPrefetcher(background, device="cpu"))
+        try:
+            assert next(iterator) == 0  # does not wait for batch 1
+            timer = self.interrupt_soon()
+            with pytest.raises(KeyboardInterrupt):
+                next(iterator)
+            timer.cancel()
+            gate.set()
+            assert list(iterator) == [1]  # nothing lost
+        finally:
+            gate.set()
+            iterator.close()
+
+    @pytest.mark.timeout(30)
+    def test_device_path_raises_from_the_refill_and_loses_nothing(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With streams, Ctrl-C during the refill comes out of that next(); batch 0 then follows."""
+        fake_device.install(monkeypatch)
+        gate, background = self.gated_loader()
+        iterator = iter(CudaPrefetcher(background))
+        try:
+            timer = self.interrupt_soon()
+            with pytest.raises(KeyboardInterrupt):
+                next(iterator)  # refills batch 1 before handing over batch 0: blocks
+            timer.cancel()
+            gate.set()
+            assert list(iterator) == [0, 1]
+        finally:
+            gate.set()
+            iterator.close()
+
+    @pytest.mark.timeout(30)
+    def test_source_keyboard_interrupt_keeps_its_place(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A KeyboardInterrupt raised by the source arrives after the batches before it."""
+        fake_device.install(monkeypatch)
+        error = KeyboardInterrupt("from the source")
+
+        def source() -> Iterator[int]:
+            yield 0
+            yield 1
+            raise error
+
+        got: list[int] = []
+        with pytest.raises(KeyboardInterrupt) as caught:
+            for batch in CudaPrefetcher(BackgroundLoader(source()), depth=2):
+                got.append(batch)
+        assert caught.value is error and got == [0, 1]

@@ -1,0 +1,112 @@
+"""Faults: DataLoader worker processes killed, failing or persistent (issue 6).
+
+Every test here has a hard timeout; "promptly" means within a few seconds,
+never a speed claim.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from torch.utils.data import DataLoader
+
+from prefetch import BackgroundLoader, CudaPrefetcher
+
+from .helpers_faults import (
+    SlowDataset,
+    drain,
+    live_child_pids,
+    settle,
+    wait_until,
+)
+
+
+class TestDataLoaderWorkers:
+    """Multi-process DataLoader faults: killed workers, worker errors, persistent workers."""
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(60)
+    @pytest.mark.parametrize("stacked", [False, True])
+    def test_sigkill_of_a_worker_raises_promptly(self, stacked: bool) -> None:
+        """A SIGKILLed worker gives the loop DataLoader's error within 5 s; nothing leaks."""
+        # DataLoader's own worker-status check runs every 5 s, so cleanup may take that long.
+        # DataLoader reports the death as RuntimeError('DataLoader worker ... killed'), or, when
+        # the kill lands while a batch's shared-memory handle is being passed, as the EOFError /
+        # ConnectionError of that transfer. Either is DataLoader's own error, delivered as is.
+        data = DataLoader(SlowDataset(10_000, delay=0.002), batch_size=2, num_workers=2)
+        background = BackgroundLoader(data, depth=2)
+        loader = CudaPrefetcher(background, device="cpu") if stacked else background
+        killed_at: float | None = None
+        with pytest.raises((RuntimeError, EOFError, ConnectionError)) as info:
+            for step, _batch in enumerate(loader):
+                if step == 5:
+                    workers = live_child_pids()
+                    assert len(workers) == 2
+                    os.kill(workers[0], signal.SIGKILL)
+                    killed_at = time.monotonic()
+                assert killed_at is None or time.monotonic() - killed_at < 5.0
+        assert killed_at is not None
+        assert time.monotonic() - killed_at < 5.0
+        if isinstance(info.value, RuntimeError):
+            assert "worker" in str(info.value).lower(), info.value
+        del info
+        threads, children = settle(15.0)
+        assert threads == [] and children == []
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(60)
+    @pytest.mark.parametrize("poison_at", [0, 7])
+    def test_worker_error_shuts_workers_down_before_delivery(self, poison_at: int) -> None:
+        """A dataset error in a worker arrives after the batches before it; the workers are gone."""
+        indices = list(range(16))
+        indices.insert(poison_at, -1)
+        data = DataLoader(SlowDataset(16), batch_size=1, sampler=indices, num_workers=2)
+        loader = BackgroundLoader(data, depth=3)
+        items, raised = drain(iter(loader))
+        assert [int(x) for x in items] == list(range(poison_at))
+        assert isinstance(raised, ValueError) and "poisoned" in str(raised)
+        # Rule 7: the source was shut down before the error was handed over.
+        assert wait_until(lambda: not live_child_pids(), 2.0), live_child_pids()
+        # Holding the error (and its traceback) must not break the next epoch.
+        indices.remove(-1)
+        assert [int(x) for x in loader] == list(range(16))
+        assert raised is not None
+        threads, children = settle(10.0)
+        assert threads == [] and children == []
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(60)
+    def test_persistent_workers_break_then_new_epoch_without_holding_the_iterator(self) -> None:
+        """With persistent_workers, `break` then a new epoch gives a full, exact epoch."""
+        # Regression test for a core bug found by this suite (issue 6): BackgroundLoader kept
+        # only a weakref to its iterator, so after `break` dropped it, the next iter() did not
+        # join the old producer, which was still inside the persistent DataLoader iterator
+        # that iter() resets ('AssertionError: Invalid iterator state', lost batches).
+        data = DataLoader(
+            SlowDataset(64, delay=0.002), batch_size=2, num_workers=2, persistent_workers=True
+        )
+        loader = BackgroundLoader(data, depth=2)
+        failures = []
+        try:
+            for _ in range(12):
+                for step, _batch in enumerate(loader):
+                    if step == 4:
+                        break  # the iterator is dropped; its producer is inside next(source)
+                try:
+                    got = [int(x) for batch in loader for x in batch]
+                except AssertionError as error:  # DataLoader: 'Invalid iterator state'
+                    failures.append(repr(error))
+                    continue
+                if got != list(range(64)):
+                    failures.append(f"epoch delivered {got}")
+        finally:
+            loader.close()
+            del loader, data
+            settle(15.0)
+        assert failures == []
+
+
+# --------------------------------------------------------------------------- subprocesses
