@@ -11,18 +11,17 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 
 from prefetch import thread_worker
 from prefetch.arguments import check_bool, check_depth, check_iterable, check_optional_count
-from prefetch.background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator, EpochRecord
-from prefetch.checkpoint import is_stateful, require_stateful
+from prefetch.background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
 from prefetch.pinning import accelerator_available, current_device_index, pin_batch, select_device
-from prefetch.stats import LoaderStats
+from prefetch.stats import EpochRecord
 from prefetch.thread_worker import Channel
-from prefetch.wrapper import LoaderWrapper
+from prefetch.wrapper import LoaderWrapper, is_stateful
 
 __all__ = ["BackgroundIterator", "BackgroundLoader"]
 
@@ -88,7 +87,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._pin_memory = pin_memory
         self._num_threads = num_threads
         self._stateful = is_stateful(loader)
-        self._epoch: EpochRecord | None = None
+        self._epoch = None
         self._current: weakref.ref[BackgroundIterator[T]] | None = None
         self._producer: tuple[threading.Thread, Channel] | None = None
 
@@ -102,20 +101,8 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         """Whether batches are pinned in the thread (false without an accelerator)."""
         return self._pin_memory
 
-    @property
-    def stats(self) -> LoaderStats:
-        """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first)."""
-        current = self._current() if self._current is not None else None
-        if current is not None:
-            return current.stats
-        if self._epoch is None:
-            return LoaderStats()
-        if self._producer is not None:
-            self._epoch.stats.source_seconds = self._producer[1].source_seconds
-        return self._epoch.stats
-
     def __iter__(self) -> BackgroundIterator[T]:
-        self._stop_current(wait=True)
+        self._stop_epoch(wait=True)
         loader = self._loader
         source = iter(loader)
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
@@ -148,69 +135,23 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
         return setup
 
-    def _stop_current(self, wait: bool) -> None:
-        # The iterator may already be garbage: its thread can still be inside the
-        # source, so stop and join through the thread itself, never the iterator.
+    def _stop_epoch(self, wait: bool) -> None:
+        # The iterator may already be garbage while its thread is still inside the
+        # source, so the thread is stopped and joined through (thread, channel).
         current = self._current() if self._current is not None else None
         producer, self._producer, self._current = self._producer, None, None
+        if producer is None:
+            return
+        thread, channel = producer
         if current is not None:
-            current.close(wait=wait)
-        if producer is not None:
-            thread, channel = producer
+            current.close()  # stops and joins the thread (bounded), drops its items
+        else:
             thread_worker.request_stop(channel)
             thread_worker.join_producer(
                 thread, channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
             )
-            while wait and thread.is_alive():
-                thread.join(0.1)
-
-    def close(self) -> None:
-        """Stop the current epoch's thread, if one runs, and release the source."""
-        self._stop_current(wait=False)
-
-    def __enter__(self) -> BackgroundLoader[T]:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def state_dict(self) -> Any:
-        """Return the wrapped loader's state as of the last item you received.
-
-        Items the thread prefetched beyond it are not counted as consumed, so
-        ``load_state_dict`` resumes right after the last item your loop saw.
-
-        Raises:
-            TypeError: If the wrapped loader has no ``state_dict``/``load_state_dict``.
-
-        Example:
-            >>> from torchdata.stateful_dataloader import StatefulDataLoader
-            >>> loader = BackgroundLoader(StatefulDataLoader(list(range(6))), depth=4)
-            >>> iterator = iter(loader)
-            >>> [next(iterator).item() for _ in range(2)]
-            [0, 1]
-            >>> state = loader.state_dict()  # the thread may be further ahead: not counted
-            >>> loader.load_state_dict(state)
-            >>> [batch.item() for batch in loader]
-            [2, 3, 4, 5]
-        """
-        self._require_stateful("state_dict")
-        if self._epoch is None:
-            return self._loader.state_dict()
-        return self._epoch.state
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        """Stop any running epoch and load ``state_dict`` into the wrapped loader.
-
-        The next ``iter()`` resumes from that state.
-        """
-        self._require_stateful("load_state_dict")
-        self._stop_current(wait=True)
-        self._epoch = None
-        self._loader.load_state_dict(state_dict)
-
-    def _require_stateful(self, method: str) -> None:
-        require_stateful(self._loader, f"BackgroundLoader.{method}()")
+        while wait and thread.is_alive():  # e.g. before persistent workers are reset
+            thread.join(0.1)
 
     def __repr__(self) -> str:
         return f"BackgroundLoader({self._loader!r:.60}, depth={self._depth})"

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 from torch.autograd import profiler
 
 from prefetch import thread_worker
-from prefetch.stats import LoaderStats
+from prefetch.stats import EpochRecord, LoaderStats
 from prefetch.thread_worker import END, ITEM, Channel
 
-__all__ = ["CLOSE_TIMEOUT", "STUCK_GRACE", "BackgroundIterator", "EpochRecord"]
+__all__ = ["CLOSE_TIMEOUT", "STUCK_GRACE", "BackgroundIterator"]
 
 T = TypeVar("T")
 
@@ -28,17 +28,6 @@ CLOSE_TIMEOUT = 10.0
 """Longest ``close()`` waits for the thread (shutting down DataLoader workers)."""
 STUCK_GRACE = 0.2
 """How long ``close()`` waits for a thread that is blocked inside the source."""
-
-
-class EpochRecord:
-    """What the loader remembers of its current epoch without holding the iterator."""
-
-    __slots__ = ("start_state", "state", "stats")
-
-    def __init__(self, start_state: Any) -> None:
-        self.stats = LoaderStats(started=time.perf_counter())
-        self.start_state = start_state
-        self.state = start_state
 
 
 class BackgroundIterator(Iterator[T]):
@@ -71,9 +60,8 @@ class BackgroundIterator(Iterator[T]):
         read_state: Callable[[], Any] | None,
         setup: Callable[[], None] | None,
     ) -> None:
-        self._channel = Channel(depth)
+        self._channel = Channel(depth, epoch.stats)
         self._epoch = epoch
-        self._track_state = read_state is not None
         self._done = False
         self._source_error_id: int | None = None
         self._finalizer = weakref.finalize(self, thread_worker.request_stop, self._channel)
@@ -94,9 +82,7 @@ class BackgroundIterator(Iterator[T]):
     @property
     def stats(self) -> LoaderStats:
         """This epoch's :class:`~prefetch.LoaderStats`."""
-        stats = self._epoch.stats
-        stats.source_seconds = self._channel.source_seconds
-        return stats
+        return self._epoch.stats
 
     def __iter__(self) -> BackgroundIterator[T]:
         return self
@@ -112,8 +98,7 @@ class BackgroundIterator(Iterator[T]):
             self._channel.release_slot()
             epoch = self._epoch
             epoch.stats.items += 1
-            if self._track_state:
-                epoch.state = state
+            epoch.state = state  # None unless the loader is stateful
             return payload  # type: ignore[no-any-return]
         self._finish()
         if kind == END:
@@ -165,27 +150,20 @@ class BackgroundIterator(Iterator[T]):
     def _finish(self) -> None:
         if not self._done:
             self._done = True
-            stats = self.stats
-            stats.finished = time.perf_counter()
+            self._epoch.stats.finished = time.perf_counter()
         self._finalizer()
         thread_worker.join_producer(
             self._thread, self._channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
         )
         self._channel.messages.clear()
 
-    def close(self, wait: bool = False) -> None:
+    def close(self) -> None:
         """Stop the thread and release the source; prefetched items are dropped.
 
         Returns within about ``0.2`` s even if the thread is blocked inside the
         source (it then exits by itself when the source returns).
-
-        Args:
-            wait: Wait for the thread however long it takes instead (used
-                before a new epoch reuses the same source).
         """
         self._finish()
-        while wait and self._thread.is_alive():
-            self._thread.join(0.1)
 
     def __enter__(self) -> BackgroundIterator[T]:
         return self

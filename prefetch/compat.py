@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from prefetch.arguments import check_iterable
-from prefetch.background_iterator import BackgroundIterator, EpochRecord
+from prefetch.background_iterator import BackgroundIterator
+from prefetch.stats import EpochRecord
 
 __all__ = ["BackgroundGenerator", "background", "prefetch"]
 

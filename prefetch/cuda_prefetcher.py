@@ -27,12 +27,10 @@ import torch
 from prefetch import device_ops
 from prefetch.arguments import check_depth, check_iterable
 from prefetch.background import BackgroundLoader
-from prefetch.background_iterator import EpochRecord
-from prefetch.checkpoint import is_stateful, require_stateful
 from prefetch.device_iterator import DeviceIterator
-from prefetch.stats import LoaderStats
+from prefetch.stats import EpochRecord
 from prefetch.structure import iter_tensors
-from prefetch.wrapper import LoaderWrapper
+from prefetch.wrapper import LoaderWrapper, is_stateful
 
 __all__ = ["CudaPrefetcher"]
 
@@ -100,16 +98,13 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         self._transform = transform
         self._lifetime = lifetime
         self._device = device_ops.resolve_device(device)
-        self._ops: device_ops.DeviceOps | None = None
-        self._blocking_ops: device_ops.DeviceOps | None = None
+        self._ops: device_ops.DeviceOps | None = None  # None on the CPU
         if self._device.type != "cpu":
-            ops = device_ops.make_device_ops(self._device)
-            self._ops = ops if ops.has_streams else None
-            self._blocking_ops = ops
+            self._ops = device_ops.make_device_ops(self._device)
         self._stream: Any = None
-        self._warned_unpinned = False
+        self._pinning_checked = False
         self._stateful = is_stateful(loader)
-        self._epoch: EpochRecord | None = None
+        self._epoch = None
         self._current: weakref.ref[DeviceIterator[T]] | None = None
 
     @property
@@ -127,15 +122,10 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         """Batches kept in flight behind the one handed over."""
         return self._depth
 
-    @property
-    def stats(self) -> LoaderStats:
-        """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first)."""
-        return self._epoch.stats if self._epoch is not None else LoaderStats()
-
     def __iter__(self) -> DeviceIterator[T]:
         self.close()
         source = iter(self._loader)
-        if self._ops is not None and self._stream is None:
+        if self._ops is not None and self._ops.has_streams and self._stream is None:
             self._stream = self._ops.new_stream()
         self._epoch = EpochRecord(self._read_state())
         iterator: DeviceIterator[T] = DeviceIterator(
@@ -147,43 +137,17 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
     def _read_state(self) -> Any:
         return self._loader.state_dict() if self._stateful else None
 
-    def state_dict(self) -> Any:
-        """Return the wrapped loader's state as of the last batch you received.
-
-        Batches in flight on the device are not counted, so
-        :meth:`load_state_dict` resumes right after the last batch your loop
-        saw. Stacked on a :class:`~prefetch.BackgroundLoader`, this holds
-        through both wrappers.
-
-        Raises:
-            TypeError: If the wrapped loader has no ``state_dict``/``load_state_dict``.
-        """
-        require_stateful(self._loader, "CudaPrefetcher.state_dict()")
-        if self._epoch is None:
-            return self._loader.state_dict()
-        return self._epoch.state
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        """Close any running epoch and load ``state_dict`` into the wrapped loader.
-
-        The next ``iter()`` resumes from that state.
-        """
-        require_stateful(self._loader, "CudaPrefetcher.load_state_dict()")
-        self.close()
-        self._epoch = None
-        self._loader.load_state_dict(state_dict)
-
     def _to_device(self, host: Any) -> tuple[Any, Any]:
         """Start the copy (and transform) of one batch; return it with its event."""
-        transform = self._transform
-        if self._device.type == "cpu":
+        transform, ops = self._transform, self._ops
+        if ops is None:  # the CPU: pass through
             return (transform(host) if transform is not None else host), None
-        if self._ops is None:  # an accelerator without streams (MPS): blocking copies
-            assert self._blocking_ops is not None
-            batch = self._blocking_ops.copy(host)
+        if not ops.has_streams:  # an accelerator without streams (MPS): blocking copies
+            batch = ops.copy(host)
             return (transform(batch) if transform is not None else batch), None
-        ops, stream = self._ops, self._stream
-        if not self._warned_unpinned:
+        stream = self._stream
+        if not self._pinning_checked:  # the first batch tells; keep the per-batch path lean
+            self._pinning_checked = True
             self._warn_if_unpinned(host)
         if self._lifetime == "fence":
             self._fence(ops, stream)
@@ -220,7 +184,6 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
     def _warn_if_unpinned(self, host: Any) -> None:
         if not any(t.device.type == "cpu" and not t.is_pinned() for t in iter_tensors(host)):
             return
-        self._warned_unpinned = True
         if isinstance(self._loader, BackgroundLoader):
             advice = "pass pin_memory=True to the BackgroundLoader it wraps"
         else:
@@ -232,25 +195,14 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             stacklevel=4,
         )
 
-    def close(self) -> None:
-        """Drop the batches in flight and close the current epoch's source.
-
-        A wrapped :class:`~prefetch.BackgroundLoader` (or another prefetcher)
-        is closed too, so its thread stops even if the epoch's iterator was
-        already dropped.
-        """
+    def _stop_epoch(self, wait: bool) -> None:
+        # No thread of its own: dropping the batches in flight and closing the
+        # source is immediate. A wrapped BackgroundLoader waits for its thread
+        # itself, in its own load_state_dict() or iter().
         current = self._current() if self._current is not None else None
         self._current = None
         if current is not None:
             current.close()
-        if isinstance(self._loader, BackgroundLoader | CudaPrefetcher):
-            self._loader.close()
-
-    def __enter__(self) -> CudaPrefetcher[T]:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"CudaPrefetcher({self._loader!r:.60}, device={str(self._device)!r})"

@@ -17,8 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from prefetch.background_iterator import EpochRecord
-from prefetch.stats import LoaderStats
+from prefetch.stats import EpochRecord, LoaderStats
 from prefetch.thread_worker import release_source
 
 if TYPE_CHECKING:

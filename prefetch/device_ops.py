@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from prefetch.structure import map_leaves
+from prefetch.structure import iter_tensors, map_leaves
 
 __all__ = ["DeviceOps", "make_device_ops", "resolve_device"]
 
@@ -138,8 +138,6 @@ class DeviceOps:
 
     def tensors_on_device(self, batch: Any) -> Iterator[torch.Tensor]:
         """Yield the tensor leaves of ``batch`` that live on this device."""
-        from prefetch.structure import iter_tensors
-
         for tensor in iter_tensors(batch):
             if tensor.device.type == self.device.type:
                 yield tensor

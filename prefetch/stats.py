@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
-__all__ = ["LoaderStats"]
+__all__ = ["EpochRecord", "LoaderStats"]
 
 
 @dataclasses.dataclass
@@ -53,3 +54,18 @@ class LoaderStats:
             f"waited {self.wait_fraction:.0%} of the time for data "
             f"({self.wait_seconds:.2f} s of {self.elapsed_seconds:.2f} s, {self.items} items)"
         )
+
+
+class EpochRecord:
+    """What a wrapper keeps of its latest epoch without holding the epoch's iterator.
+
+    ``stats`` is shared with the iterator (and, for counters it owns, with the
+    producer thread); ``state`` is the wrapped loader's checkpoint state as of
+    the last item handed to the training loop.
+    """
+
+    __slots__ = ("state", "stats")
+
+    def __init__(self, state: Any) -> None:
+        self.stats = LoaderStats(started=time.perf_counter())
+        self.state = state

@@ -50,6 +50,8 @@ from typing import Any
 
 from torch.autograd import profiler
 
+from prefetch.stats import LoaderStats
+
 __all__ = [
     "END",
     "ERROR",
@@ -87,12 +89,12 @@ class Channel:
         "messages",
         "produced",
         "producer_waiting",
-        "source_seconds",
         "space_ready",
+        "stats",
         "stop",
     )
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, stats: LoaderStats) -> None:
         self.depth = depth
         self.messages: deque[Message] = deque()
         self.produced = 0  # written by the producer only
@@ -100,7 +102,7 @@ class Channel:
         self.producer_waiting = False
         self.consumer_waiting = False
         self.in_source = False
-        self.source_seconds = 0.0
+        self.stats = stats  # the producer adds to ``source_seconds`` only
         self.stop = threading.Event()
         self.data_ready: SimpleQueue[None] = SimpleQueue()
         self.space_ready: SimpleQueue[None] = SimpleQueue()
@@ -221,10 +223,11 @@ def _produce(
     read_state: Callable[[], Any] | None,
     setup: Callable[[], None] | None,
 ) -> None:
-    released = False
+    last: Message | None = None  # END or ERROR, posted after the source is released
     try:
         if setup is not None:
             setup()
+        stats = channel.stats
         while channel.wait_for_space():
             channel.produced += 1
             channel.in_source = True
@@ -236,35 +239,39 @@ def _produce(
                 else:
                     item = next(source)
             except StopIteration:
-                released = True
-                release_source(source, owned)
-                channel.post((END, None, None))
-                return
+                last = (END, None, None)
+                break
             finally:
                 channel.in_source = False
-                channel.source_seconds += time.perf_counter() - started
+                stats.source_seconds += time.perf_counter() - started
             if prepare is not None:
                 item = prepare(item)
             state = read_state() if read_state is not None else None
             channel.post((ITEM, item, state))
             del item, state
     except BaseException as error:  # handed to the consumer, never dropped
-        try:
-            release_source(source, owned)
-        finally:
-            released = True
-            channel.post((ERROR, error, None))
-        del error
+        last = (ERROR, error, None)
     finally:
-        if not released:
-            try:
-                release_source(source, owned)
-            except BaseException as error:  # the consumer may still be reading
-                channel.post((ERROR, error, None))
+        try:
+            _end(channel, source, owned, last)
+        finally:
+            del source, last  # the error's traceback holds this frame: keep it light
+
+
+def _end(channel: Channel, source: Iterator[Any], owned: bool, last: Message | None) -> None:
+    """Release the source, then post the last message (rule: workers die before the error)."""
+    try:
+        release_source(source, owned)
+    except BaseException as error:
+        if (last is not None and last[0] == ERROR) or channel.stop.is_set():
+            raise  # nobody would read it after the source's own error: threading.excepthook
+        last = (ERROR, error, None)
+    finally:
+        if last is not None:
+            channel.post(last)
         if channel.stop.is_set():  # nobody will read them: free the prefetched items now
             channel.messages.clear()
         _live.discard((threading.current_thread(), channel))
-        del source
 
 
 def join_producer(

@@ -1,16 +1,53 @@
-"""What every wrapper passes through to the loader it wraps.
+"""What every wrapper shares: pass-through, epochs, checkpoints and closing.
 
 A training loop written for a bare ``DataLoader`` calls ``len(loader)``,
 ``loader.set_epoch(e)`` and reads ``loader.dataset`` or ``loader.sampler``.
 :class:`LoaderWrapper` keeps all of that working through any stack of
 wrappers, so wrapping a loader is a one-line change.
+
+It also holds what the wrappers do alike with their epochs. A wrapper runs
+ahead of the training loop, so the wrapped loader's own ``state_dict()``
+counts items the loop has not seen; each wrapper therefore records the
+state right after taking each item and reports the state of the last item
+it handed over (:class:`~prefetch.stats.EpochRecord`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["LoaderWrapper", "set_epoch_on"]
+from prefetch.stats import EpochRecord, LoaderStats
+
+__all__ = ["LoaderWrapper", "is_stateful", "require_stateful", "set_epoch_on"]
+
+W = TypeVar("W", bound="LoaderWrapper")
+
+
+def is_stateful(loader: Any) -> bool:
+    """Return whether ``loader`` has both ``state_dict()`` and ``load_state_dict()``.
+
+    A wrapper of this package is resumable when the loader it wraps is.
+
+    Example:
+        >>> import torch
+        >>> is_stateful([1, 2]), is_stateful(torch.nn.Linear(1, 1))
+        (False, True)
+    """
+    if isinstance(loader, LoaderWrapper):
+        return is_stateful(loader.loader)
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    )
+
+
+def require_stateful(loader: Any, caller: str) -> None:
+    """Raise ``TypeError`` naming ``caller`` unless ``loader`` is stateful."""
+    if not is_stateful(loader):
+        msg = (
+            f"{caller} needs a loader with state_dict() and load_state_dict() "
+            f"(such as torchdata's StatefulDataLoader); got {type(loader).__name__}"
+        )
+        raise TypeError(msg)
 
 
 def set_epoch_on(loader: Any, epoch: int) -> None:
@@ -56,14 +93,78 @@ def set_epoch_on(loader: Any, epoch: int) -> None:
 
 
 class LoaderWrapper:
-    """Base for wrappers: ``len``, ``set_epoch`` and attribute read-through.
+    """Base for wrappers: pass-through, stats, checkpoints, ``close`` and ``with``.
 
-    Subclasses store the wrapped loader in ``self._loader``. Public attributes
-    the wrapper lacks (``dataset``, ``sampler``, ``batch_size``, ...) are read
-    from the wrapped loader.
+    Subclasses store the wrapped loader in ``self._loader`` and their latest
+    epoch in ``self._epoch``, and implement :meth:`_stop_epoch`. Public
+    attributes the wrapper lacks (``dataset``, ``sampler``, ``batch_size``,
+    ...) are read from the wrapped loader.
     """
 
     _loader: Any
+    _epoch: EpochRecord | None = None
+
+    def _stop_epoch(self, wait: bool) -> None:
+        """Stop the current epoch; with ``wait``, until nothing touches the loader."""
+        raise NotImplementedError
+
+    @property
+    def stats(self) -> LoaderStats:
+        """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first)."""
+        return self._epoch.stats if self._epoch is not None else LoaderStats()
+
+    def state_dict(self) -> Any:
+        """Return the wrapped loader's state as of the last item you received.
+
+        Items read ahead (by a thread, or in flight on the device) are not
+        counted, so :meth:`load_state_dict` resumes right after the last item
+        your loop saw, through any stack of wrappers.
+
+        Raises:
+            TypeError: If the wrapped loader has no ``state_dict``/``load_state_dict``.
+
+        Example:
+            >>> from torchdata.stateful_dataloader import StatefulDataLoader
+            >>> from prefetch import BackgroundLoader
+            >>> loader = BackgroundLoader(StatefulDataLoader(list(range(6))), depth=4)
+            >>> iterator = iter(loader)
+            >>> [next(iterator).item() for _ in range(2)]
+            [0, 1]
+            >>> state = loader.state_dict()  # the thread may be further ahead: not counted
+            >>> loader.load_state_dict(state)
+            >>> [batch.item() for batch in loader]
+            [2, 3, 4, 5]
+        """
+        require_stateful(self._loader, f"{type(self).__name__}.state_dict()")
+        if self._epoch is None:
+            return self._loader.state_dict()
+        return self._epoch.state
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Stop any running epoch and load ``state_dict`` into the wrapped loader.
+
+        The next ``iter()`` resumes from that state.
+        """
+        require_stateful(self._loader, f"{type(self).__name__}.load_state_dict()")
+        self._stop_epoch(wait=True)
+        self._epoch = None
+        self._loader.load_state_dict(state_dict)
+
+    def close(self) -> None:
+        """Stop the current epoch and release its source; a wrapped wrapper is closed too.
+
+        Returns promptly even if a thread is stuck inside the source; the
+        wrapper stays usable, and the next ``iter()`` starts a fresh epoch.
+        """
+        self._stop_epoch(wait=False)
+        if isinstance(self._loader, LoaderWrapper):
+            self._loader.close()
+
+    def __enter__(self: W) -> W:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         """Return the wrapped loader's length (batches per epoch)."""
