@@ -632,3 +632,48 @@ def test_public_api_is_explicit() -> None:
     }
     for name in prefetch.__all__:
         assert hasattr(prefetch, name)
+
+
+class TestReleaseErrors:
+    """An error while releasing the source is never silently dropped."""
+
+    @pytest.mark.timeout(30)
+    def test_release_error_after_a_stop_is_reported(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A source whose cleanup raises after close() reaches threading.excepthook."""
+        reported: list[BaseException | None] = []
+        monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_value))
+        cleanup_error = Boom("cleanup failed")
+
+        class Source:
+            def __iter__(self) -> Iterator[int]:
+                try:
+                    yield from range(100)
+                finally:
+                    raise cleanup_error
+
+        loader = BackgroundLoader(Source(), depth=2)
+        for _ in loader:
+            break
+        loader.close()
+        assert reported == [cleanup_error]
+
+    def test_release_error_at_the_end_reaches_the_loop(self) -> None:
+        """A cleanup error when the source ends is raised to the loop, after every item."""
+        cleanup_error = Boom("cleanup failed")
+
+        class Source:
+            def __iter__(self) -> Iterator[int]:
+                yield 1
+
+        def closing_error(source: Iterator[int], owned: bool) -> None:
+            raise cleanup_error
+
+        from prefetch import thread_worker
+
+        got: list[int] = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(thread_worker, "release_source", closing_error)
+            with pytest.raises(Boom) as caught:
+                for item in BackgroundLoader(Source()):
+                    got.append(item)
+        assert caught.value is cleanup_error and got == [1]
