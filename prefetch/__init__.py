@@ -11,7 +11,7 @@ from prefetch.background import BackgroundIterator, BackgroundLoader
 from prefetch.cuda_prefetcher import CudaPrefetcher
 from prefetch.device_iterator import DeviceIterator
 from prefetch.normalize import Normalize
-from prefetch.stats import LoaderStats
+from prefetch.stats import DepthEvent, LoaderStats
 
 __version__ = "0.1.0"
 
@@ -19,6 +19,7 @@ __all__ = [
     "BackgroundIterator",
     "BackgroundLoader",
     "CudaPrefetcher",
+    "DepthEvent",
     "DeviceIterator",
     "LoaderStats",
     "Normalize",

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["check_bool", "check_depth", "check_iterable", "check_optional_count"]
+__all__ = [
+    "check_bool",
+    "check_depth",
+    "check_iterable",
+    "check_loader_depth",
+    "check_optional_count",
+]
 
 
 def check_iterable(loader: object, owner: str) -> None:
@@ -44,3 +50,30 @@ def check_optional_count(value: object, argument: str, owner: str) -> int | None
         msg = f"{owner}({argument}=...) expects None or an int >= 1, got {value}"
         raise ValueError(msg)
     return value
+
+
+def check_loader_depth(depth: object, max_depth: object, owner: str) -> int | None:
+    """Return a fixed depth, or ``None`` for ``"auto"``; check ``max_depth`` goes with it.
+
+    ``max_depth`` (``None`` or an int >= 1) only applies to ``depth="auto"``.
+    """
+    if isinstance(depth, str):
+        if depth != "auto":
+            msg = f"{owner}(depth=...) expects 'auto' or an int >= 1, got {depth!r}"
+            raise ValueError(msg)
+        check_optional_count(max_depth, "max_depth", owner)
+        return None
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        msg = (
+            f"{owner}(depth=...) expects 'auto' or an int >= 1, got {depth!r} "
+            f"of type {type(depth).__name__}"
+        )
+        raise TypeError(msg)
+    fixed = check_depth(depth, owner)
+    if max_depth is not None:
+        msg = (
+            f"{owner}(max_depth=...) only applies with depth='auto', got max_depth={max_depth!r} "
+            f"with depth={depth}; a fixed depth is its own maximum"
+        )
+        raise ValueError(msg)
+    return fixed

@@ -2,7 +2,9 @@
 
 This module holds the loader: epochs, pinning, pass-through and checkpoints.
 The consumer end of an epoch is :mod:`prefetch.background_iterator`; the
-thread is :mod:`prefetch.thread_worker`.
+thread is :mod:`prefetch.thread_worker`; the shared state is
+:mod:`prefetch.channel`; how ``depth="auto"`` decides is
+:mod:`prefetch.adaptive_depth`.
 """
 
 from __future__ import annotations
@@ -11,16 +13,22 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import torch
 
 from prefetch import thread_worker
-from prefetch.arguments import check_bool, check_depth, check_iterable, check_optional_count
+from prefetch.adaptive_depth import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DepthPolicy
+from prefetch.arguments import (
+    check_bool,
+    check_iterable,
+    check_loader_depth,
+    check_optional_count,
+)
 from prefetch.background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
+from prefetch.channel import Channel, request_stop
 from prefetch.pinning import accelerator_available, current_device_index, pin_batch, select_device
 from prefetch.stats import EpochRecord
-from prefetch.thread_worker import Channel
 from prefetch.wrapper import LoaderWrapper, is_stateful
 
 __all__ = ["BackgroundIterator", "BackgroundLoader"]
@@ -33,19 +41,32 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     Each ``iter()`` is an epoch: it calls ``iter(loader)`` on your thread
     (DataLoader workers start from the main thread), then a daemon thread
-    named ``prefetch-N`` keeps at most ``depth`` items ready. Items arrive in
+    named ``prefetch-N`` keeps up to ``depth`` items ready. Items arrive in
     order, ``None`` included; an exception raised by the loader arrives as
     the same object after every item before it. Breaking out of the loop,
     :meth:`close`, a ``with`` block or garbage collection stop the thread.
     ``len``, ``set_epoch``, ``dataset``, ``sampler`` and ``batch_size`` pass
     through, so it drops into an existing training loop.
 
+    By default (``depth="auto"``) the depth adapts: it starts at 2, grows
+    when your loop waited for a burst of slow items that a deeper buffer
+    would have absorbed, never grows for a loader that is simply slower than
+    the loop, and shrinks when the buffer is never drawn down; it stays within
+    ``max_depth`` items and ``max_bytes`` of tensor storage. ``stats`` shows
+    the depth and each change with its reason. An integer ``depth`` is fixed.
+
     A thread only helps when loading releases the GIL: file and network I/O,
     torch operations, DataLoader worker processes. See the guide.
 
     Args:
         loader: Any iterable: a ``DataLoader``, a list, a generator.
-        depth: Items produced ahead and not yet consumed, at most (>= 1).
+        depth: ``"auto"``, or a fixed number of items produced ahead and not
+            yet consumed, at most (>= 1).
+        max_depth: Most items an adaptive depth may reach (``depth="auto"``
+            only); default 32.
+        max_bytes: Most bytes of tensor storage buffered (items produced and
+            not yet consumed). Default: 1 GiB with ``depth="auto"``, no limit
+            with a fixed depth. One item always flows, however large.
         pin_memory: Pin every tensor leaf in the thread, for fast
             host-to-device copies. Without an accelerator this warns once
             and items pass through unchanged.
@@ -54,25 +75,35 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             for the cores.
 
     Example:
-        >>> loader = BackgroundLoader(range(5), depth=2)
+        >>> loader = BackgroundLoader(range(5))
         >>> [x * 10 for x in loader]
         [0, 10, 20, 30, 40]
-        >>> len(loader)
-        5
-        >>> loader.stats.items
-        5
+        >>> len(loader), loader.stats.items, loader.depth
+        (5, 5, 2)
+        >>> BackgroundLoader(range(5), depth=8).max_depth
+        8
     """
 
     def __init__(
         self,
         loader: Iterable[T],
-        depth: int = 2,
+        depth: int | Literal["auto"] = "auto",
         *,
+        max_depth: int | None = None,
+        max_bytes: int | None = None,
         pin_memory: bool = False,
         num_threads: int | None = None,
     ) -> None:
         check_iterable(loader, "BackgroundLoader")
-        self._depth = check_depth(depth, "BackgroundLoader")
+        fixed = check_loader_depth(depth, max_depth, "BackgroundLoader")
+        self._max_bytes = check_optional_count(max_bytes, "max_bytes", "BackgroundLoader")
+        self._policy: DepthPolicy | None = None
+        if fixed is None:
+            if self._max_bytes is None:
+                self._max_bytes = DEFAULT_MAX_BYTES
+            maximum = max_depth if max_depth is not None else DEFAULT_MAX_DEPTH
+            self._policy = DepthPolicy(maximum=maximum, max_bytes=self._max_bytes)
+        self._depth = fixed
         check_bool(pin_memory, "pin_memory", "BackgroundLoader")
         check_optional_count(num_threads, "num_threads", "BackgroundLoader")
         if pin_memory and not accelerator_available():
@@ -93,8 +124,23 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     @property
     def depth(self) -> int:
-        """Items produced ahead and not yet consumed, at most."""
-        return self._depth
+        """Items produced ahead and not yet consumed, at most: now, if adaptive."""
+        return self._policy.depth if self._policy is not None else self._depth  # type: ignore[return-value]
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the depth adapts (``depth="auto"``)."""
+        return self._policy is not None
+
+    @property
+    def max_depth(self) -> int:
+        """The most items ever buffered: the ceiling of an adaptive depth, or the fixed depth."""
+        return self._policy.maximum if self._policy is not None else self._depth  # type: ignore[return-value]
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The most tensor bytes buffered, or ``None`` for no byte limit."""
+        return self._max_bytes
 
     @property
     def pin_memory(self) -> bool:
@@ -111,12 +157,14 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._epoch = EpochRecord(start_state)
         iterator = BackgroundIterator(
             source,
-            self._depth,
+            self.depth,
             self._epoch,
             owned=source is not loader,
             prepare=pin_batch if self._pin_memory else None,
             read_state=loader.state_dict if self._stateful else None,  # type: ignore[attr-defined]
             setup=self._thread_setup(),
+            max_bytes=self._max_bytes,
+            policy=self._policy,
         )
         self._current = weakref.ref(iterator)
         self._producer = (iterator._thread, iterator._channel)
@@ -146,7 +194,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         if current is not None:
             current.close()  # stops and joins the thread (bounded), drops its items
         else:
-            thread_worker.request_stop(channel)
+            request_stop(channel)
             thread_worker.join_producer(
                 thread, channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
             )
@@ -154,4 +202,5 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             thread.join(0.1)
 
     def __repr__(self) -> str:
-        return f"BackgroundLoader({self._loader!r:.60}, depth={self._depth})"
+        depth = "'auto'" if self._policy is not None else self._depth
+        return f"BackgroundLoader({self._loader!r:.60}, depth={depth})"

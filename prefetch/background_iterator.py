@@ -2,8 +2,9 @@
 
 The thread itself lives in :mod:`prefetch.thread_worker`. This module takes
 items off the channel, waits (timed, checking the thread is alive) when none
-is ready, keeps the epoch's stats and checkpoint state, and shuts the thread
-down when the epoch ends, on ``close()``, or when the iterator is collected.
+is ready, keeps the epoch's stats and checkpoint state, reports each hand-off
+to an adaptive depth policy if there is one, and shuts the thread down when
+the epoch ends, on ``close()``, or when the iterator is collected.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any, TypeVar
 from torch.autograd import profiler
 
 from prefetch import thread_worker
+from prefetch.adaptive_depth import DepthPolicy
+from prefetch.channel import END, ITEM, POLL_SECONDS, Channel, Message, request_stop
 from prefetch.stats import EpochRecord, LoaderStats
-from prefetch.thread_worker import END, ITEM, Channel
 
 __all__ = ["CLOSE_TIMEOUT", "STUCK_GRACE", "BackgroundIterator"]
 
@@ -59,12 +61,22 @@ class BackgroundIterator(Iterator[T]):
         prepare: Callable[[Any], Any] | None,
         read_state: Callable[[], Any] | None,
         setup: Callable[[], None] | None,
+        max_bytes: int | None = None,
+        policy: DepthPolicy | None = None,
     ) -> None:
-        self._channel = Channel(depth, epoch.stats)
+        if policy is not None:
+            policy.start_epoch(epoch.stats)
+            depth = policy.depth
+        else:
+            epoch.stats.depth = epoch.stats.peak_depth = depth
+        self._channel = Channel(depth, epoch.stats, max_bytes)
         self._epoch = epoch
+        self._policy = policy
+        self._waited = 0.0
+        self._handed_over = 0.0  # perf_counter() at the last hand-off
         self._done = False
         self._source_error_id: int | None = None
-        self._finalizer = weakref.finalize(self, thread_worker.request_stop, self._channel)
+        self._finalizer = weakref.finalize(self, request_stop, self._channel)
         self._finalizer.atexit = False
         try:
             self._thread = thread_worker.start_producer(
@@ -90,15 +102,19 @@ class BackgroundIterator(Iterator[T]):
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
-        try:
-            kind, payload, state = self._channel.messages.popleft()
-        except IndexError:
-            kind, payload, state = self._wait()
+        messages = self._channel.messages
+        ready = len(messages)
+        if ready:
+            kind, payload, state, nbytes = messages.popleft()  # one consumer: cannot fail
+        else:
+            kind, payload, state, nbytes = self._wait()
         if kind == ITEM:
-            self._channel.release_slot()
+            self._channel.release_slot(nbytes)
             epoch = self._epoch
             epoch.stats.items += 1
             epoch.state = state  # None unless the loader is stateful
+            if self._policy is not None:
+                self._adapt(ready)
             return payload  # type: ignore[no-any-return]
         self._finish()
         if kind == END:
@@ -117,13 +133,32 @@ class BackgroundIterator(Iterator[T]):
         """
         return self._source_error_id == id(error)
 
-    def _wait(self) -> thread_worker.Message:
+    def _adapt(self, ready: int) -> None:
+        """Report this hand-off to the depth policy and apply its decision."""
+        channel = self._channel
+        now = time.perf_counter()
+        waited = 0.0 if ready else self._waited
+        new = self._policy.observe(  # type: ignore[union-attr]
+            now,
+            now - self._handed_over - waited,
+            waited,
+            ready,
+            channel.fetched,
+            channel.busy_seconds,
+            channel.blocked_seconds,
+            channel.largest_item,
+        )
+        if new is not None:
+            channel.set_depth(new)
+        self._handed_over = now
+
+    def _wait(self) -> Message:
         if profiler._is_profiler_enabled:
             with profiler.record_function("prefetch.wait"):
                 return self._wait_for_message()
         return self._wait_for_message()
 
-    def _wait_for_message(self) -> thread_worker.Message:
+    def _wait_for_message(self) -> Message:
         channel = self._channel
         started = time.perf_counter()
         try:
@@ -134,7 +169,7 @@ class BackgroundIterator(Iterator[T]):
                 except IndexError:
                     pass
                 try:
-                    channel.data_ready.get(timeout=thread_worker.POLL_SECONDS)
+                    channel.data_ready.get(timeout=POLL_SECONDS)
                 except Empty:
                     if not self._thread.is_alive() and not channel.messages:
                         self._finish()
@@ -145,7 +180,8 @@ class BackgroundIterator(Iterator[T]):
                         raise RuntimeError(msg) from None
         finally:
             channel.consumer_waiting = False
-            self._epoch.stats.wait_seconds += time.perf_counter() - started
+            self._waited = time.perf_counter() - started
+            self._epoch.stats.wait_seconds += self._waited
 
     def _finish(self) -> None:
         if not self._done:

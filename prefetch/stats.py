@@ -6,7 +6,30 @@ import dataclasses
 import time
 from typing import Any
 
-__all__ = ["EpochRecord", "LoaderStats"]
+__all__ = ["DepthEvent", "EpochRecord", "LoaderStats"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthEvent:
+    """A decision of ``BackgroundLoader(depth="auto")``: a change of depth, or why not.
+
+    ``old == new`` marks a wait the policy chose not to absorb (recorded once
+    per epoch and reason), for example because the producer is slower than
+    the loop on average.
+
+    Attributes:
+        item: Items handed over in the epoch when it happened.
+        seconds: Seconds since the start of the epoch.
+        old: Depth before.
+        new: Depth after.
+        reason: Why, in words.
+    """
+
+    item: int
+    seconds: float
+    old: int
+    new: int
+    reason: str
 
 
 @dataclasses.dataclass
@@ -18,6 +41,12 @@ class LoaderStats:
     is time spent inside the wrapped loader producing items. ``elapsed_seconds``
     runs from the start of the epoch (``iter()``) to the last item handed over,
     or to now while the epoch is still open.
+
+    A :class:`~prefetch.BackgroundLoader` also reports its buffer: ``depth``
+    (now) and ``peak_depth`` (highest this epoch), ``depth_events`` (each
+    change of an adaptive depth and why), ``peak_items`` and ``peak_bytes``
+    (most items, and most tensor bytes, produced and not yet consumed at
+    once; bytes are counted only when a byte limit applies).
 
     Example:
         >>> stats = LoaderStats(items=10, wait_seconds=0.5, source_seconds=2.0,
@@ -33,6 +62,11 @@ class LoaderStats:
     source_seconds: float = 0.0
     started: float | None = None
     finished: float | None = None
+    depth: int | None = None
+    peak_depth: int | None = None
+    depth_events: list[DepthEvent] = dataclasses.field(default_factory=list)
+    peak_items: int = 0
+    peak_bytes: int = 0
 
     @property
     def elapsed_seconds(self) -> float:
@@ -50,10 +84,13 @@ class LoaderStats:
 
     def summary(self) -> str:
         """Return a one-line account such as ``'waited 42% of the time for data'``."""
-        return (
+        text = (
             f"waited {self.wait_fraction:.0%} of the time for data "
             f"({self.wait_seconds:.2f} s of {self.elapsed_seconds:.2f} s, {self.items} items)"
         )
+        if self.depth is not None:
+            text += f"; depth {self.depth} (peak {self.peak_depth})"
+        return text
 
 
 class EpochRecord:

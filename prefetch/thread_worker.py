@@ -1,27 +1,17 @@
-"""The producer thread and the channel it shares with the consumer.
+"""The producer thread: start it, run it, end it.
 
-This is the only module that starts threads. :class:`Channel` is the state
-shared by one producer thread and one consuming iterator;
-:func:`start_producer` starts the thread; :func:`request_stop` and
+This is the only module that starts threads. :func:`start_producer` starts
+one daemon thread that fills a :class:`~prefetch.channel.Channel` (the shared
+state, with its own invariants: tagged messages, exact depth, byte budget, no
+lost wake-ups); :func:`~prefetch.channel.request_stop` and
 :func:`join_producer` end it.
 
-Invariants (every change here must keep them):
+Invariants of the thread (every change here must keep them):
 
-* **Tagged messages.** The producer appends ``(ITEM, item, state)``,
-  ``(ERROR, exception, None)`` or ``(END, None, None)`` to
-  :attr:`Channel.messages`; ``None`` is an ordinary item. After ``ERROR`` or
-  ``END`` it appends nothing more.
-* **Exact depth.** ``produced - consumed <= depth`` at every moment. The
-  producer counts a slot in ``produced`` *before* it calls ``next(source)``
-  and waits while ``depth`` slots are taken; the consumer counts ``consumed``
-  after it takes an item. Each counter has a single writer, so under the GIL
-  no lock is needed; wake-ups go through two ``SimpleQueue`` token queues and
-  every waiter re-checks its condition after announcing that it waits, so a
-  wake-up is never lost (a stale token only causes one extra re-check).
 * **No reference to the consumer.** The thread's target holds the channel and
   the source iterator, never the iterator object the user holds, so garbage
   collection of an abandoned iterator runs its finalizer, which calls
-  :func:`request_stop`.
+  ``request_stop``.
 * **Errors keep their identity and their place.** Any ``BaseException``
   raised by the source (``KeyboardInterrupt`` and ``SystemExit`` included) is
   posted as the same object after every item produced before it, and the
@@ -39,108 +29,30 @@ Invariants (every change here must keep them):
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from queue import Empty, SimpleQueue
 from typing import Any
 
 from torch.autograd import profiler
 
-from prefetch.stats import LoaderStats
+from prefetch.channel import END, ERROR, Channel, Message, request_stop
+from prefetch.structure import tensor_nbytes
 
 __all__ = [
-    "END",
-    "ERROR",
-    "ITEM",
-    "Channel",
+    "EXIT_GRACE",
     "join_producer",
     "release_source",
     "request_stop",
     "start_producer",
 ]
 
-ITEM, ERROR, END = 0, 1, 2
-"""Message tags."""
-
-POLL_SECONDS = 0.1
-"""How often a blocked side re-checks that the other side is still there."""
-
 EXIT_GRACE = 1.0
 """Longest the interpreter's exit waits, in all, for producers to stop."""
 
-Message = tuple[int, Any, Any]
 _thread_ids = itertools.count(1)
 _live: set[tuple[threading.Thread, Channel]] = set()  # producers started and not yet ended
-
-
-class Channel:
-    """State shared by one producer thread and one consumer; see the module invariants."""
-
-    __slots__ = (
-        "consumed",
-        "consumer_waiting",
-        "data_ready",
-        "depth",
-        "in_source",
-        "messages",
-        "produced",
-        "producer_waiting",
-        "space_ready",
-        "stats",
-        "stop",
-    )
-
-    def __init__(self, depth: int, stats: LoaderStats) -> None:
-        self.depth = depth
-        self.messages: deque[Message] = deque()
-        self.produced = 0  # written by the producer only
-        self.consumed = 0  # written by the consumer only
-        self.producer_waiting = False
-        self.consumer_waiting = False
-        self.in_source = False
-        self.stats = stats  # the producer adds to ``source_seconds`` only
-        self.stop = threading.Event()
-        self.data_ready: SimpleQueue[None] = SimpleQueue()
-        self.space_ready: SimpleQueue[None] = SimpleQueue()
-
-    def post(self, message: Message) -> None:
-        """Append a message (producer side) and wake the consumer if it waits."""
-        self.messages.append(message)
-        if self.consumer_waiting:
-            self.consumer_waiting = False  # one token per wait: the waiter re-arms
-            self.data_ready.put(None)
-
-    def wait_for_space(self) -> bool:
-        """Block until a slot is free; return ``False`` if asked to stop instead."""
-        while self.produced - self.consumed >= self.depth:
-            self.producer_waiting = True
-            try:
-                if self.produced - self.consumed < self.depth:
-                    break
-                if self.stop.is_set():
-                    return False
-                with contextlib.suppress(Empty):
-                    self.space_ready.get(timeout=POLL_SECONDS)
-            finally:
-                self.producer_waiting = False
-        return not self.stop.is_set()
-
-    def release_slot(self) -> None:
-        """Count one consumed item (consumer side) and wake the producer if it waits."""
-        self.consumed += 1
-        if self.producer_waiting:
-            self.producer_waiting = False  # one token per wait: the waiter re-arms
-            self.space_ready.put(None)
-
-
-def request_stop(channel: Channel) -> None:
-    """Ask the producer to stop; safe from any thread, any number of times."""
-    channel.stop.set()
-    channel.space_ready.put(None)
 
 
 def release_source(source: Iterator[Any], owned: bool) -> None:
@@ -228,6 +140,7 @@ def _produce(
         if setup is not None:
             setup()
         stats = channel.stats
+        count_bytes = channel.max_bytes is not None
         while channel.wait_for_space():
             channel.produced += 1
             channel.in_source = True
@@ -239,7 +152,7 @@ def _produce(
                 else:
                     item = next(source)
             except StopIteration:
-                last = (END, None, None)
+                last = (END, None, None, 0)
                 break
             finally:
                 channel.in_source = False
@@ -247,10 +160,10 @@ def _produce(
             if prepare is not None:
                 item = prepare(item)
             state = read_state() if read_state is not None else None
-            channel.post((ITEM, item, state))
+            channel.post_item(item, state, tensor_nbytes(item) if count_bytes else 0, started)
             del item, state
     except BaseException as error:  # handed to the consumer, never dropped
-        last = (ERROR, error, None)
+        last = (ERROR, error, None, 0)
     finally:
         try:
             _end(channel, source, owned, last)
@@ -265,7 +178,7 @@ def _end(channel: Channel, source: Iterator[Any], owned: bool, last: Message | N
     except BaseException as error:
         if (last is not None and last[0] == ERROR) or channel.stop.is_set():
             raise  # nobody would read it after the source's own error: threading.excepthook
-        last = (ERROR, error, None)
+        last = (ERROR, error, None, 0)
     finally:
         if last is not None:
             channel.post(last)

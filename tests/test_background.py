@@ -183,10 +183,16 @@ class TestDepth:
         with pytest.raises(ValueError, match=rf"depth=.*got {depth}"):
             BackgroundLoader([], depth=depth)
 
-    @pytest.mark.parametrize("depth", [2.0, "2", None, True])
+    @pytest.mark.parametrize("depth", [2.0, None, True])
     def test_depth_not_an_int(self, depth: object) -> None:
-        """A depth that is not an int is a TypeError naming the argument and the value."""
-        with pytest.raises(TypeError, match=r"depth=.*got"):
+        """A depth that is neither 'auto' nor an int is a TypeError naming the argument."""
+        with pytest.raises(TypeError, match=r"depth=.*expects 'auto' or an int >= 1, got"):
+            BackgroundLoader([], depth=depth)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("depth", ["2", "Auto", ""])
+    def test_depth_other_string(self, depth: str) -> None:
+        """A string other than 'auto' is a ValueError quoting the value."""
+        with pytest.raises(ValueError, match=rf"depth=.*got {depth!r}"):
             BackgroundLoader([], depth=depth)  # type: ignore[arg-type]
 
     def test_loader_not_iterable(self) -> None:
