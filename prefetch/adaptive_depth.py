@@ -11,27 +11,36 @@ touches a thread, so scripted traces test it deterministically.
 
 The rules (the guide explains them with a trace):
 
-* **Grow** only when a deeper buffer would have helped: the producer keeps up
-  *on average* (its mean time per item at most the loop's mean step, over
-  the last :data:`HORIZON` items; judged once :data:`JUDGE_SAMPLES` items are
-  in) *and* it sat blocked on a full buffer since the buffer last ran low (it
-  had spare time that more slots would have turned into ready items).
+* **Grow** only by what a deeper buffer would have had ready. When the loop
+  waits, or takes the last ready item (a near miss), the policy looks at how
+  long the producer sat blocked on a full buffer since the buffer last ran
+  dry (for a near miss: ran low). Divided by the producer's mean time per
+  item, that is how many more items it could have made: the most the depth
+  may grow by.
 
   - The loop **waited** (a stall of at least :data:`MIN_WAIT_STEPS` steps):
-    grow by the wait counted in steps (at most by the items the producer could
-    have made while blocked), and at least double — latency tails are heavy
-    and the next burst may be longer.
-  - The loop took the **last ready item** (a near miss): grow by half.
+    grow by the wait counted in steps, and at least by half — latency tails
+    are heavy and the next burst may be longer.
+  - A **near miss**: grow by half.
 
-  A producer slower than the loop on average is held where it is: no buffer
-  makes up a throughput deficit, and such a producer rarely fills a buffer
-  anyway.
+  A producer that is simply slower than the loop never gets ahead, so it
+  never sits blocked on a full buffer and the depth stays where it is: no
+  buffer makes up a throughput deficit. One slower *on average* whose times
+  vary does get ahead now and then; for it the depth grows by at most
+  :data:`SLOWER_HEADROOM` items beyond the start, a cushion for its jitter,
+  and a depth grown while it looked faster is cut back to that once
+  :data:`CUT_SAMPLES` items show it is slower.
 * **Shrink** when the buffer is never drawn down: if at least ``r >= 3`` items
   were ready at every hand-off over a window of :data:`SHRINK_WINDOW` items
   (or four times the depth, if more), ``r - 2`` slots went unused (one is kept
   as a cushion); give back half of them.
 * **Bounds**: never below ``minimum`` nor above ``maximum``, and never more
   items than ``max_bytes`` holds at the largest item seen so far.
+
+Every wait the policy does not absorb is recorded once per epoch and reason
+as a *hold* (``DepthEvent`` with ``old == new``): the producer slower on
+average (never ahead, or at its headroom), the buffer never full, or a bound
+reached.
 
 The first item of an epoch always waits (nothing can be ready before the
 epoch starts), so it never grows the depth. What the policy learned carries
@@ -45,13 +54,14 @@ import math
 from prefetch.stats import DepthEvent, LoaderStats
 
 __all__ = [
+    "CUT_SAMPLES",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_DEPTH",
     "HORIZON",
-    "JUDGE_SAMPLES",
     "MIN_SAMPLES",
     "MIN_WAIT_STEPS",
     "SHRINK_WINDOW",
+    "SLOWER_HEADROOM",
     "START_DEPTH",
     "DepthPolicy",
 ]
@@ -68,14 +78,19 @@ SHRINK_WINDOW = 128
 """Hand-offs (at least) without a draw-down before the depth shrinks."""
 MIN_WAIT_STEPS = 0.1
 """Waits shorter than this many steps are wake-up noise, not a burst."""
+SLOWER_HEADROOM = 2
+"""Items beyond the start a producer slower than the loop on average may grow by.
+
+Such a producer still gets ahead now and then (its times vary) and a slot or
+two catches that; more would hold memory for a deficit no buffer makes up."""
+CUT_SAMPLES = 64
+"""Fetches averaged before a depth above the headroom is cut for a slower producer.
+
+A depth grown while the producer looked fast (its early items were) is cut
+back once it is known to be slower on average; one slow burst early on is
+not enough to tell."""
 MIN_SAMPLES = 4
 """Steps and fetches to average before the policy grows anything."""
-JUDGE_SAMPLES = 32
-"""Fetches to average before a producer is judged slower than the loop.
-
-Before that one slow item weighs too much (a burst in the first ten items
-looks like a slow producer); growth rests on the producer having blocked on
-a full buffer alone."""
 
 
 class DepthPolicy:
@@ -102,8 +117,9 @@ class DepthPolicy:
         >>> policy.observe(now=17.0, step=1.0, waited=6.0, ready=0, fetched=11,
         ...                busy_seconds=7.0, blocked_seconds=8.1, largest_item=0)
         8
-        >>> stats.depth_events[-1].reason
-        'grow: waited 6.0 steps while the producer keeps up (690 ms/item vs 1 s/step)'
+        >>> print(stats.depth_events[-1].reason)  # doctest: +NORMALIZE_WHITESPACE
+        grow: waited 6.0 steps; the producer had spare time for 11.7 more items
+        (690 ms/item vs 1 s/step)
     """
 
     def __init__(self, *, maximum: int, max_bytes: int | None, start: int = START_DEPTH) -> None:
@@ -144,26 +160,32 @@ class DepthPolicy:
         busy_seconds: float,
         blocked_seconds: float,
         largest_item: int,
+        count: int = 1,
     ) -> int | None:
-        """Take one hand-off into account; return the new depth if it changed.
+        """Take hand-offs into account; return the new depth if it changed.
+
+        The consumer reports each wait and near miss at once and quiet
+        hand-offs in batches (``count`` of them, the last one at ``now``).
 
         Args:
-            now: The clock (``time.perf_counter``) at the hand-off.
-            step: Seconds the loop computed since the previous hand-off.
-            waited: Seconds the loop waited for this item (0 if it was ready).
-            ready: Items ready when the loop asked (0 if it waited).
+            now: The clock (``time.perf_counter``) at the (last) hand-off.
+            step: Seconds the loop computed over the ``count`` steps since the
+                previous report.
+            waited: Seconds the loop waited for the last item (0 if it was ready).
+            ready: Fewest items ready when the loop asked (0 if it waited).
             fetched: Items the producer has taken from the source, in all.
             busy_seconds: Seconds the producer spent on those items, in all
                 (from taking a slot to handing the item over).
             blocked_seconds: Seconds the producer spent blocked on a full buffer, in all.
             largest_item: Bytes of the largest item produced so far (0 if unknown).
+            count: Hand-offs this report covers.
         """
         self._now = now
         if self._first:  # nothing could be ready: the epoch had just begun
             self._first = False
             self._fetched, self._busy = fetched, busy_seconds
             return None
-        self._learn(step, fetched, busy_seconds)
+        self._learn(step, count, fetched, busy_seconds)
         if waited > 0.0 or ready == 1:  # ran dry, or took the last ready item
             new = self._grow(waited, blocked_seconds, largest_item)
             self._low_mark = blocked_seconds
@@ -171,15 +193,15 @@ class DepthPolicy:
                 self._dry_mark = blocked_seconds
             self._low_water, self._window = math.inf, 0
         else:
-            new = self._shrink(ready)
+            new = self._shrink(ready, count)
         if new is None or new == self.depth:
             return None
         return self._change(new)
 
-    def _learn(self, step: float, fetched: int, busy_seconds: float) -> None:
+    def _learn(self, step: float, count: int, fetched: int, busy_seconds: float) -> None:
         """Add to the running means: the loop's step, the producer's time per item."""
         self._step_sum += step
-        self._step_n += 1
+        self._step_n += count
         self._source_sum += busy_seconds - self._busy
         self._source_n += fetched - self._fetched
         self._fetched, self._busy = fetched, busy_seconds
@@ -196,45 +218,62 @@ class DepthPolicy:
         steps_waited = waited / step if step > 0 else math.inf
         if waited > 0.0 and steps_waited < MIN_WAIT_STEPS:
             return None
-        if source > step and self._source_n >= JUDGE_SAMPLES:
-            return self._hold(
-                "slower",
-                f"hold: the producer is slower on average ({_ms(source)}/item vs "
-                f"{_ms(step)}/step); no buffer makes up a throughput deficit",
+        # Spare: how long the producer sat blocked on a full buffer since the buffer
+        # last ran dry (for a wait) or low (so a near miss counts once per draw-down).
+        # A deeper buffer would have turned that time into ready items, no more.
+        rates = f"{_ms(source)}/item vs {_ms(step)}/step"
+        cap = self.minimum + SLOWER_HEADROOM
+        if source > step and self._source_n >= CUT_SAMPLES and self.depth > cap:
+            self._reason = (
+                f"shrink: the producer is slower on average ({rates}); "
+                "no buffer makes up a throughput deficit"
             )
-        # A near miss counts once per draw-down: the buffer must have refilled since.
-        mark = self._dry_mark if waited > 0.0 else self._low_mark
-        spare = blocked_seconds - mark
-        if spare <= 0.0:
+            return cap
+        spare = blocked_seconds - (self._dry_mark if waited > 0.0 else self._low_mark)
+        could_make = spare / source if source > 0 else math.inf
+        if could_make < 1.0:
+            if source > step:
+                return self._hold(
+                    "slower",
+                    f"hold: the producer is slower on average ({rates}) and never got ahead; "
+                    "no buffer makes up a throughput deficit",
+                )
             return self._hold(
                 "never full",
-                "hold: the buffer never filled since it last ran low; a deeper one would not have",
+                "hold: the buffer never filled since it last ran low; "
+                "a deeper one would not have helped",
             )
-        limit, limited_by = self._limit(largest_item)
+        limit, kind, limited_by = self._limit(largest_item)
+        if source > step and cap < limit:
+            limit, kind = cap, "slower"
+            limited_by = (
+                f"{limit} items: the producer is slower on average ({rates}); "
+                "no buffer makes up a throughput deficit"
+            )
         if self.depth >= limit:
-            return self._hold(limited_by, f"hold: at {limited_by}")
-        keeps_up = f"while the producer keeps up ({_ms(source)}/item vs {_ms(step)}/step)"
-        if waited == 0.0:  # a near miss: one more item of cushion
-            self._reason = f"grow: took the last ready item {keeps_up}"
-            return min(self.depth + (self.depth + 1) // 2, limit)
-        # The wait says how many items were missing (at most what the producer could
-        # have made while blocked); the next burst may be longer (latency tails are
-        # heavy), so grow at least by doubling.
-        could_make = spare / source if source > 0 else math.inf
-        grow = max(self.depth, math.ceil(min(steps_waited, could_make)))
-        self._reason = f"grow: waited {steps_waited:.1f} steps {keeps_up}"
+            return self._hold(kind, f"hold: at {limited_by}")
+        spare_items = f"the producer had spare time for {could_make:.1f} more items ({rates})"
+        if waited == 0.0:  # a near miss: half again as much cushion
+            wanted = (self.depth + 1) // 2
+            self._reason = f"grow: took the last ready item; {spare_items}"
+        else:  # the items missing; at least half again: the next burst may be longer
+            wanted = max((self.depth + 1) // 2, math.ceil(steps_waited))
+            self._reason = f"grow: waited {steps_waited:.1f} steps; {spare_items}"
+        grow = max(1, min(wanted, math.floor(could_make)))
         return min(self.depth + grow, limit)
 
-    def _limit(self, largest_item: int) -> tuple[int, str]:
+    def _limit(self, largest_item: int) -> tuple[int, str, str]:
+        """Return the depth the bounds allow, which bound, and how to say it."""
         if self.max_bytes is not None and largest_item > 0:
             by_bytes = max(1, self.max_bytes // largest_item)
             if by_bytes < self.maximum:
-                return by_bytes, f"max_bytes ({by_bytes} items of {largest_item} bytes)"
-        return self.maximum, f"max_depth={self.maximum}"
+                text = f"max_bytes ({by_bytes} items of {largest_item} bytes)"
+                return by_bytes, "max_bytes", text
+        return self.maximum, "max_depth", f"max_depth ({self.maximum})"
 
-    def _shrink(self, ready: int) -> int | None:
+    def _shrink(self, ready: int, count: int) -> int | None:
         self._low_water = min(self._low_water, ready)
-        self._window += 1
+        self._window += count
         if self._window < max(SHRINK_WINDOW, 4 * self.depth):
             return None
         low_water, window = self._low_water, self._window
@@ -270,4 +309,4 @@ class DepthPolicy:
 
 def _ms(seconds: float) -> str:
     """Format a duration for a reason: ``'4.2 ms'``, ``'1.5 s'``."""
-    return f"{seconds:.3g} s" if seconds >= 1.0 else f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.4g} s" if seconds >= 0.9995 else f"{seconds * 1e3:.3g} ms"

@@ -22,7 +22,7 @@ from prefetch.adaptive_depth import DepthPolicy
 from prefetch.channel import END, ITEM, POLL_SECONDS, Channel, Message, request_stop
 from prefetch.stats import EpochRecord, LoaderStats
 
-__all__ = ["CLOSE_TIMEOUT", "STUCK_GRACE", "BackgroundIterator"]
+__all__ = ["CLOSE_TIMEOUT", "REPORT_EVERY", "STUCK_GRACE", "BackgroundIterator"]
 
 T = TypeVar("T")
 
@@ -30,6 +30,8 @@ CLOSE_TIMEOUT = 10.0
 """Longest ``close()`` waits for the thread (shutting down DataLoader workers)."""
 STUCK_GRACE = 0.2
 """How long ``close()`` waits for a thread that is blocked inside the source."""
+REPORT_EVERY = 16
+"""Quiet hand-offs (two or more items ready) reported to a depth policy at once."""
 
 
 class BackgroundIterator(Iterator[T]):
@@ -73,7 +75,9 @@ class BackgroundIterator(Iterator[T]):
         self._epoch = epoch
         self._policy = policy
         self._waited = 0.0
-        self._handed_over = 0.0  # perf_counter() at the last hand-off
+        self._handed_over = 0.0  # perf_counter() at the last report to the policy
+        self._pending = 0  # hand-offs since then
+        self._fewest = 0  # the fewest items ready among them (0: report the first at once)
         self._done = False
         self._source_error_id: int | None = None
         self._finalizer = weakref.finalize(self, request_stop, self._channel)
@@ -114,7 +118,13 @@ class BackgroundIterator(Iterator[T]):
             epoch.stats.items += 1
             epoch.state = state  # None unless the loader is stateful
             if self._policy is not None:
-                self._adapt(ready)
+                # Quiet hand-offs (two or more ready) are reported in batches; a wait
+                # or a near miss is reported at once, so a decision is never late.
+                self._pending += 1
+                if ready < self._fewest:
+                    self._fewest = ready
+                if self._fewest <= 1 or self._pending >= REPORT_EVERY:
+                    self._adapt()
             return payload  # type: ignore[no-any-return]
         self._finish()
         if kind == END:
@@ -133,24 +143,27 @@ class BackgroundIterator(Iterator[T]):
         """
         return self._source_error_id == id(error)
 
-    def _adapt(self, ready: int) -> None:
-        """Report this hand-off to the depth policy and apply its decision."""
+    def _adapt(self) -> None:
+        """Report the hand-offs since the last report to the policy; apply its decision."""
         channel = self._channel
         now = time.perf_counter()
-        waited = 0.0 if ready else self._waited
+        fewest, count = self._fewest, self._pending
+        waited = 0.0 if fewest else self._waited  # only the last hand-off can have waited
         new = self._policy.observe(  # type: ignore[union-attr]
             now,
             now - self._handed_over - waited,
             waited,
-            ready,
+            fewest,
             channel.fetched,
             channel.busy_seconds,
             channel.blocked_seconds,
             channel.largest_item,
+            count,
         )
         if new is not None:
             channel.set_depth(new)
         self._handed_over = now
+        self._pending, self._fewest = 0, 1 << 62
 
     def _wait(self) -> Message:
         if profiler._is_profiler_enabled:

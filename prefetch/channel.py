@@ -140,6 +140,8 @@ class Channel:
 
     def wait_for_space(self) -> bool:
         """Block until a slot is free; return ``False`` if asked to stop instead."""
+        if self.max_bytes is None and self.produced - self.consumed < self.depth:
+            return not self.stop.is_set()  # the fixed-depth fast path: one comparison
         if self._full():
             started = time.perf_counter()
             try:

@@ -631,6 +631,7 @@ def test_public_api_is_explicit() -> None:
         "BackgroundIterator",
         "BackgroundLoader",
         "CudaPrefetcher",
+        "DepthEvent",
         "DeviceIterator",
         "LoaderStats",
         "Normalize",

@@ -17,10 +17,34 @@ import torch
 
 from prefetch.bench import WORKLOADS
 from prefetch.bench.__main__ import parse_args
-from prefetch.bench.common import Column, Config, Row, Target, WorkloadResult, median_ratio
-from prefetch.bench.report import text_table, write_all
+from prefetch.bench.common import (
+    Column,
+    Config,
+    Row,
+    Target,
+    WorkloadResult,
+    ideal_reference,
+    ideal_row,
+    median_ratio,
+)
+from prefetch.bench.report import format_value, text_table, write_all
 
 ROOT = Path(__file__).resolve().parents[1]
+TRACE = {  # a depth trace as the bursty workload records it
+    "items": 30,
+    "step_ms": 5.0,
+    "seconds": 0.2,
+    "vs_ideal": 0.9,
+    "start_depth": 2,
+    "reference_depths": [2, 8],
+    "slow_steps": 8.0,
+    "slow_items": [10, 20, 30],
+    "events": [
+        {"item": 10, "seconds": 0.05, "old": 2, "new": 9, "reason": "grow"},
+        {"item": 20, "seconds": 0.1, "old": 9, "new": 9, "reason": "hold"},
+    ],
+    "waits_ms": [1.0] + [0.0] * 8 + [30.0] + [0.0] * 20,
+}
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 META = {
     "date": "2026-01-01 00:00 UTC",
@@ -56,6 +80,7 @@ def test_quick_bench_writes_json_rst_and_plots(tmp_path: Path) -> None:
     assert data["meta"]["quick"] is True
     assert data["meta"]["repeats"] == 1
     assert list(data["workloads"]) == list(WORKLOADS)
+    assert "bursty" in WORKLOADS
     for name, workload in data["workloads"].items():
         assert workload["name"] == name
         assert {"title", "status", "rows", "targets", "columns", "params"} <= set(workload)
@@ -72,6 +97,10 @@ def test_quick_bench_writes_json_rst_and_plots(tmp_path: Path) -> None:
         assert gpu["status"] == "skipped"
         assert gpu["rows"] == [] and "cuda" in gpu["reason"].lower()
         assert "skipped" in done.stdout
+    if HAVE_MATPLOTLIB:
+        assert (out / "depth_trace.png").stat().st_size > 0
+    handoff = {row["variant"] for row in data["workloads"]["handoff"]["rows"]}
+    assert "BackgroundLoader depth=auto (default)" in handoff
     rst = (out / "results.rst").read_text(encoding="utf-8")
     assert "Hand-off overhead per item\n--------------------------" in rst
     assert ".. list-table::" in rst
@@ -81,6 +110,11 @@ def test_quick_bench_writes_json_rst_and_plots(tmp_path: Path) -> None:
 def test_bench_arguments() -> None:
     args = parse_args(["--workloads", "control,handoff", "--quick"])
     assert args.workloads == ["handoff", "control"]
+    assert parse_args(["--workloads", "control,bursty,jittery"]).workloads == [
+        "jittery",
+        "bursty",
+        "control",
+    ]
     assert args.repeats == 1
     assert parse_args([]).repeats == 5
     with pytest.raises(SystemExit):
@@ -116,16 +150,23 @@ def test_report_is_valid_rest(tmp_path: Path) -> None:
         rows=[
             Row("plain", {"seconds": 1.0, "ratio": 1.0}, {"seconds": [1.0]}),
             Row("wrapped", {"seconds": 0.5, "ratio": float("nan")}, {"seconds": [0.5]}),
+            Row("blank", {"seconds": 0.7, "ratio": ""}, {"seconds": [0.7]}),
         ],
         targets=[Target("faster", True, "2.00x")],
         plot="bar",
+        trace=TRACE,
+        trace_plot="demo_trace.png",
     )
     skipped = WorkloadResult(name="gpu", title="GPU", status="skipped", reason="no CUDA")
     written = write_all([result, skipped], dict(META), tmp_path, "Intro text.")
-    expected = {"results.rst", "results.json"} | ({"demo.png"} if HAVE_MATPLOTLIB else set())
-    assert {p.name for p in written} == expected
+    plots = {"demo.png", "demo_trace.png"} if HAVE_MATPLOTLIB else set()
+    assert {p.name for p in written} == {"results.rst", "results.json"} | plots
     assert "wrapped" in text_table(result) and "-" in text_table(result)
+    assert format_value(result.columns[1], result.rows[2].values) == ""  # blank, not n/a
+    assert format_value(result.columns[1], result.rows[1].values) == "n/a"
     rst = (tmp_path / "results.rst").read_text(encoding="utf-8")
+    assert not any(line.endswith(" ") for line in rst.splitlines())
+    assert (".. image:: demo_trace.png" in rst) == HAVE_MATPLOTLIB
     page = "Benchmarks\n==========\n\n" + rst  # as a docs page including it
     doctree = docutils_core.publish_doctree(page, settings_overrides={"warning_stream": False})
     messages = [node.astext() for node in doctree.findall() if node.tagname == "system_message"]
@@ -135,6 +176,63 @@ def test_report_is_valid_rest(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     assert data["workloads"]["demo"]["rows"][1]["values"]["ratio"] is None
     assert data["workloads"]["gpu"]["status"] == "skipped"
+    assert data["workloads"]["demo"]["trace"]["events"][1]["reason"] == "hold"
+
+
+def test_ideal_row_takes_per_repeat_ratios_and_leaves_blanks() -> None:
+    samples = {
+        "loader": [
+            {"seconds": 2.0, "wait_fraction": 0.1, "peak_items": 9.0, "depth": 9.0},
+            {"seconds": 4.0, "wait_fraction": 0.3, "peak_items": 5.0, "depth": 4.0},
+            {"seconds": 1.0, "wait_fraction": 0.2, "peak_items": 3.0, "depth": 2.0},
+        ],
+        "generator": [{"seconds": 1.0, "wait_fraction": 0.0}] * 3,
+    }
+    row = ideal_row(samples, "loader", ideals=[1.0, 1.0, 0.9], plain=[4.0, 4.0, 4.0])
+    assert row.values["vs_ideal"] == 0.5  # median of 0.5, 0.25, 0.9
+    assert row.values["speedup"] == 2.0
+    assert row.values["peak_items"] == 5.0 and row.values["depth"] == 4.0
+    assert row.values["peak_mib"] == ""
+    other = ideal_row(samples, "generator", ideals=[1.0] * 3, plain=[2.0] * 3)
+    assert other.values["peak_items"] == "" and other.values["vs_ideal"] == 1.0
+    reference = ideal_reference([1.0, 3.0, 2.0])
+    assert reference.values["seconds"] == 2.0 and reference.values["depth"] == ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_bursty_quick_run_compares_four_configurations(tmp_path: Path) -> None:
+    from prefetch.bench import bursty, jittery
+
+    result = bursty.run(Config(repeats=1, quick=True))
+    assert result.status == "ok"
+    rows = {row.variant: row.values for row in result.rows}
+    configurations = [jittery.AUTO, jittery.DEPTH_2, jittery.DEPTH_8, jittery.BG_DEFAULT]
+    assert set(configurations) | {"ideal", jittery.PLAIN, jittery.LEARNED} <= set(rows)
+    for name in configurations:
+        assert 0.0 < float(rows[name]["vs_ideal"]) < 2.0, name
+    assert rows[jittery.DEPTH_2]["depth"] == 2.0 and rows[jittery.DEPTH_8]["depth"] == 8.0
+    assert float(rows[jittery.DEPTH_2]["peak_items"]) <= 2.0  # a fixed depth is exact
+    assert 1.0 <= float(rows[jittery.AUTO]["peak_items"]) <= 32.0
+    assert rows[jittery.BG_DEFAULT]["peak_items"] == ""  # a baseline reports none
+    assert float(rows[bursty.BYTES_AUTO]["peak_mib"]) <= bursty.MAX_BYTES / 2**20
+    names = " | ".join(target.name for target in result.targets)
+    for part in ("depth=auto (default, fresh loader) >= 0.9", "throughput-bound", "max_bytes"):
+        assert part in names
+    assert all(isinstance(target.passed, bool) for target in result.targets)
+    trace = result.trace
+    assert trace["items"] == 40 and len(trace["waits_ms"]) == 40
+    assert trace["start_depth"] == 2 and trace["slow_items"][0] == 10
+    for event in trace["events"]:
+        assert {"item", "seconds", "old", "new", "reason"} <= set(event)
+        assert 1 <= event["item"] <= 40 and event["reason"]
+    write_all([result], dict(META), tmp_path, "Intro.")
+    data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    assert data["workloads"]["bursty"]["trace"]["items"] == 40
+    if HAVE_MATPLOTLIB:
+        assert (tmp_path / "depth_trace.png").stat().st_size > 0
+        assert (tmp_path / "bursty.png").stat().st_size > 0
+        assert ".. image:: depth_trace.png" in (tmp_path / "results.rst").read_text("utf-8")
 
 
 @pytest.mark.slow

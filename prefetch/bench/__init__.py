@@ -5,18 +5,22 @@ options. Workloads:
 
 * ``handoff`` - cost of handing one tiny item between threads, by depth;
 * ``jittery`` - storage-like latency with a heavy tail, against the ideal;
+* ``bursty`` - a source that stalls 8 steps every 10th batch: ``depth="auto"``
+  against fixed depths and the ideal, with its depth trace; also its bounds
+  (a throughput-bound source, ``max_bytes``);
 * ``pipeline`` - a DataLoader (0 or 2 workers) feeding a small CNN on the CPU;
 * ``gpu`` - host-to-device copies hidden behind training steps (CUDA only);
 * ``control`` - a negative control: GIL-bound work, where threads cannot help.
 
 Every configuration runs several times, interleaved, and the reports give
 medians and medians of per-repeat ratios. Results go to ``docs/benchmarks/``
-as ``results.json``, ``results.rst`` and PNG plots.
+as ``results.json``, ``results.rst`` and PNG plots (``depth_trace.png``: the
+trace of ``depth="auto"`` on the bursty workload).
 """
 
 from __future__ import annotations
 
 __all__ = ["WORKLOADS"]
 
-WORKLOADS = ("handoff", "jittery", "pipeline", "gpu", "control")
+WORKLOADS = ("handoff", "jittery", "bursty", "pipeline", "gpu", "control")
 """Workload names, in the order they run."""

@@ -19,11 +19,14 @@ from typing import Any
 from prefetch.bench.progress import ProgressBar
 
 __all__ = [
+    "IDEAL_COLUMNS",
     "Column",
     "Config",
     "Row",
     "Target",
     "WorkloadResult",
+    "ideal_reference",
+    "ideal_row",
     "interleave",
     "median",
     "median_ratio",
@@ -113,6 +116,8 @@ class WorkloadResult:
     plot: str = ""
     plot_key: str = "seconds"
     spread_key: str = "seconds"
+    trace: dict[str, Any] = dataclasses.field(default_factory=dict)
+    trace_plot: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-ready dict (the plot path is filled in by the report)."""
@@ -188,12 +193,15 @@ def row_from(samples: Samples, variant: str, keys: Sequence[str], **extra: float
     return Row(variant=variant, values=values, samples=raw)
 
 
-def timed_epoch(make: Callable[[], Any], step: Callable[[Any], object]) -> Measure:
+def timed_epoch(
+    make: Callable[[], Any], step: Callable[[Any], object], waits: list[float] | None = None
+) -> Measure:
     """Run one epoch: ``for item in make(): step(item)``, timing every part.
 
     The epoch starts before ``make()`` (so thread and worker start-up count)
     and ends after the last step. Time spent inside ``next()`` is the time
-    the loop waited for data.
+    the loop waited for data; with ``waits``, each item's wait (seconds) is
+    appended to it, in order.
 
     Returns:
         ``seconds`` (epoch), ``wait_seconds``, ``wait_fraction``,
@@ -213,6 +221,8 @@ def timed_epoch(make: Callable[[], Any], step: Callable[[Any], object]) -> Measu
             break
         got = clock()
         waited += got - before
+        if waits is not None:
+            waits.append(got - before)
         step(item)
         stepped += clock() - got
         items += 1
@@ -225,3 +235,52 @@ def timed_epoch(make: Callable[[], Any], step: Callable[[Any], object]) -> Measu
         "step_seconds": stepped,
         "items": float(items),
     }
+
+
+IDEAL_COLUMNS = (
+    Column("seconds", "epoch s", "{:.3f}"),
+    Column("vs_ideal", "vs ideal", "{:.2f}"),
+    Column("speedup", "speed-up", "{:.2f}x"),
+    Column("wait_fraction", "waited for data", "{:.0%}"),
+    Column("peak_items", "peak items", "{:.0f}"),
+    Column("depth", "final depth", "{:.0f}"),
+)
+"""Columns of a workload measured against an ideal epoch time (see :func:`ideal_row`)."""
+BUFFER_KEYS = ("peak_items", "depth", "peak_mib")
+"""Figures a ``BackgroundLoader`` variant adds to its measurements (blank for the others)."""
+
+
+def ideal_row(
+    samples: Samples, variant: str, ideals: Sequence[float], plain: Sequence[float]
+) -> Row:
+    """Build a row against an ideal epoch time, one ideal and one plain run per repeat.
+
+    ``vs_ideal`` is the median over repeats of ideal / epoch time (1.0 is the
+    ideal; 0.5 took twice as long), ``speedup`` of plain / epoch time. Buffer
+    figures (:data:`BUFFER_KEYS`) are medians where the variant reports them
+    and blank where it does not.
+    """
+    seconds = values_of(samples, variant, "seconds")
+    waits = values_of(samples, variant, "wait_fraction")
+    ratios = [i / s for i, s in zip(ideals, seconds, strict=True) if s > 0]
+    values: dict[str, float | str] = {
+        "seconds": median(seconds),
+        "vs_ideal": median(ratios),
+        "speedup": median([p / s for p, s in zip(plain, seconds, strict=True) if s > 0]),
+        "wait_fraction": median(waits),
+    }
+    raw = {"seconds": seconds, "wait_fraction": waits, "vs_ideal": ratios}
+    for key in BUFFER_KEYS:
+        if all(key in run for run in samples[variant]):
+            raw[key] = values_of(samples, variant, key)
+            values[key] = median(raw[key])
+        else:
+            values[key] = ""
+    return Row(variant, values, raw)
+
+
+def ideal_reference(ideals: Sequence[float]) -> Row:
+    """The ``ideal`` row that :func:`ideal_row` rows are measured against."""
+    values: dict[str, float | str] = {"seconds": median(ideals), "vs_ideal": 1.0}
+    values.update(dict.fromkeys(BUFFER_KEYS, ""))
+    return Row("ideal", values, {"seconds": list(ideals)})

@@ -32,7 +32,7 @@ __all__ = ["run"]
 
 WORK_ITERATIONS = 20_000
 PLAIN = "plain loop"
-BL_DEFAULT = "BackgroundLoader depth=2"
+BL_DEFAULT = "BackgroundLoader depth=auto (default)"
 
 
 def busy(iterations: int = WORK_ITERATIONS) -> int:
@@ -63,8 +63,8 @@ def run(config: Config) -> WorkloadResult:
     source = BusySource(items)
     makers: dict[str, Callable[[], Any]] = {
         PLAIN: lambda: source,
-        "BackgroundGenerator max_prefetch=1": lambda: prefetch_generator.BackgroundGenerator(
-            iter(source)
+        "BackgroundGenerator max_prefetch=1 (default)": lambda: (
+            prefetch_generator.BackgroundGenerator(iter(source))
         ),
         BL_DEFAULT: lambda: BackgroundLoader(source),
         "BackgroundLoader depth=8": lambda: BackgroundLoader(source, depth=8),

@@ -4,7 +4,10 @@ The source is ``range(n)`` and the loop body is empty, so all that is
 measured is the hand-off: microseconds per item added over iterating
 ``range(n)`` directly, at several depths, for :class:`~prefetch.BackgroundLoader`,
 ``prefetch_generator.BackgroundGenerator`` and :mod:`prefetch.compat`'s
-drop-in replacement (all with the same ``depth`` / ``max_prefetch``).
+drop-in replacement (all with the same ``depth`` / ``max_prefetch``). One
+more row, ``BackgroundLoader(depth="auto")`` (the default), shows the cost of
+the adaptive policy: its overhead against a fixed-depth ``BackgroundLoader``
+at the depth it ends at.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import prefetch_generator
 
 from prefetch import BackgroundLoader
+from prefetch.adaptive_depth import DEFAULT_MAX_DEPTH
 from prefetch.bench.common import (
     Column,
     Config,
@@ -43,6 +47,9 @@ FAMILIES: dict[str, Callable[[Iterable[int], int], Iterator[Any]]] = {
     ),
 }
 REFERENCE = "prefetch_generator.BackgroundGenerator"
+AUTO = "BackgroundLoader depth=auto (default)"
+FIXED_MAX = f"BackgroundLoader depth={DEFAULT_MAX_DEPTH} (fixed)"
+"""Fixed at the adaptive ceiling, where ``depth="auto"`` may end (not in the line plot)."""
 
 
 def _epoch(make: Callable[[], Iterable[int]]) -> Measure:
@@ -50,6 +57,19 @@ def _epoch(make: Callable[[], Iterable[int]]) -> Measure:
     for _ in make():
         pass
     return {"seconds": time.perf_counter() - started}
+
+
+def _auto_epoch(items: int) -> Measure:
+    """An epoch of a fresh ``BackgroundLoader(range(items))``; adds the depth it ended at."""
+    made: list[BackgroundLoader[int]] = []
+
+    def make() -> BackgroundLoader[int]:
+        made.append(BackgroundLoader(range(items)))
+        return made[0]
+
+    measure = _epoch(make)
+    measure["depth"] = float(made[0].stats.depth or 0)
+    return measure
 
 
 def run(config: Config) -> WorkloadResult:
@@ -61,6 +81,10 @@ def run(config: Config) -> WorkloadResult:
             variants[f"{family} d={depth}"] = functools.partial(
                 _epoch, functools.partial(make, range(items), depth)
             )
+    variants[AUTO] = functools.partial(_auto_epoch, items)
+    variants[FIXED_MAX] = functools.partial(
+        _epoch, lambda: BackgroundLoader(range(items), depth=DEFAULT_MAX_DEPTH)
+    )
     samples = interleave(variants, config.repeats, "handoff ", warmup=config.warmup)
     plain = [run["seconds"] for run in samples[PLAIN]]
 
@@ -78,7 +102,9 @@ def run(config: Config) -> WorkloadResult:
             f"{items} tiny items (ints from range()), empty loop body: microseconds per "
             "item added over iterating range() directly. Same depth / max_prefetch for "
             "every wrapper. Ratio: median over repeats of overhead / overhead of "
-            "prefetch_generator at the same depth."
+            "prefetch_generator at the same depth; for depth=auto, 'depth' is the depth it "
+            "ended at and 'vs fixed depth' the median of its overhead / a fixed-depth "
+            "BackgroundLoader's at that depth."
         ),
         baseline=REFERENCE,
         params={"items": items, "depths": list(DEPTHS), "repeats": config.repeats},
@@ -86,13 +112,18 @@ def run(config: Config) -> WorkloadResult:
             Column("depth", "depth", "{:.0f}"),
             Column("us_per_item", "overhead µs/item", "{:.2f}"),
             Column("ratio", "vs prefetch_generator", "{:.2f}x"),
+            Column("vs_fixed", "vs fixed depth", "{:.2f}x"),
         ],
         plot="line",
         spread_key="us_per_item",
     )
     per_item = median(plain) / items * 1e6
     result.rows.append(
-        Row(PLAIN, {"depth": 0.0, "us_per_item": 0.0, "ratio": float("nan")}, {"seconds": plain})
+        Row(
+            PLAIN,
+            {"depth": 0.0, "us_per_item": 0.0, "ratio": float("nan"), "vs_fixed": ""},
+            {"seconds": plain},
+        )
     )
     result.notes.append(
         "Each wrapper wakes the other thread about twice per depth items when the consumer is "
@@ -108,11 +139,22 @@ def run(config: Config) -> WorkloadResult:
             result.rows.append(
                 Row(
                     name,
-                    {"depth": float(depth), "us_per_item": median(mine), "ratio": median(ratios)},
+                    {
+                        "depth": float(depth),
+                        "us_per_item": median(mine),
+                        "ratio": median(ratios),
+                        "vs_fixed": "",
+                    },
                     {"us_per_item": mine, "seconds": [s["seconds"] for s in samples[name]]},
                 )
             )
-    ours = {int(r.values["depth"]): r for r in result.rows if r.variant.startswith("Background")}
+    result.rows += _auto_rows(samples, overheads)
+    result.notes.append(_auto_note(result.rows))
+    ours = {
+        int(r.values["depth"]): r
+        for r in result.rows
+        if r.variant.startswith("BackgroundLoader d=")
+    }
     for depth in DEPTHS:
         ratio = float(ours[depth].values["ratio"])
         limit = 0.5 if depth >= 8 else 1.0
@@ -124,3 +166,54 @@ def run(config: Config) -> WorkloadResult:
             )
         )
     return result
+
+
+def _auto_rows(
+    samples: dict[str, list[Measure]], overheads: Callable[[str], list[float]]
+) -> list[Row]:
+    """Rows for ``depth="auto"`` and for the fixed depth at its ceiling."""
+    fixed = {depth: f"BackgroundLoader d={depth}" for depth in DEPTHS}
+    fixed[DEFAULT_MAX_DEPTH] = FIXED_MAX
+    mine = overheads(AUTO)
+    depths = [run["depth"] for run in samples[AUTO]]
+    by_depth = {depth: overheads(name) for depth, name in fixed.items()}
+    ratios = [
+        cost / by_depth[int(depth)][index]
+        for index, (cost, depth) in enumerate(zip(mine, depths, strict=True))
+        if int(depth) in by_depth and by_depth[int(depth)][index] > 0
+    ]
+    top = overheads(FIXED_MAX)
+    seconds = {name: [run["seconds"] for run in samples[name]] for name in (AUTO, FIXED_MAX)}
+    return [
+        Row(
+            FIXED_MAX,
+            {
+                "depth": float(DEFAULT_MAX_DEPTH),
+                "us_per_item": median(top),
+                "ratio": "",
+                "vs_fixed": "",
+            },
+            {"us_per_item": top, "seconds": seconds[FIXED_MAX]},
+        ),
+        Row(
+            AUTO,
+            {
+                "depth": median(depths),
+                "us_per_item": median(mine),
+                "ratio": "",
+                "vs_fixed": median(ratios),
+            },
+            {"us_per_item": mine, "seconds": seconds[AUTO], "depth": depths},
+        ),
+    ]
+
+
+def _auto_note(rows: list[Row]) -> str:
+    auto = next(row for row in rows if row.variant == AUTO).values
+    ratio = float(auto["vs_fixed"])
+    versus = f"{ratio:.2f}x that of a fixed depth there" if ratio == ratio else "not compared"
+    return (
+        f"depth=auto (a fresh loader each run) ended at depth {float(auto['depth']):.0f} "
+        f"(median); its hand-off costs {float(auto['us_per_item']):.2f} µs/item, {versus}: "
+        "the policy's bookkeeping per item, and the smaller depths it starts from."
+    )

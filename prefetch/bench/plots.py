@@ -13,9 +13,14 @@ import matplotlib.pyplot as plt
 
 from prefetch.bench.common import WorkloadResult
 
-__all__ = ["plot_workload"]
+__all__ = ["plot_depth_trace", "plot_workload"]
 
-LABELS = {"seconds": "epoch time (s)", "step_ms": "step time (ms)", "us_per_item": "µs per item"}
+LABELS = {
+    "seconds": "epoch time (s)",
+    "step_ms": "step time (ms)",
+    "us_per_item": "µs per item",
+    "vs_ideal": "ideal / epoch time (1 = ideal)",
+}
 
 
 def _number(value: float | str | None) -> float:
@@ -34,6 +39,10 @@ def _line(result: WorkloadResult, axes: Any) -> None:
     for family, points in families.items():
         xs, ys = zip(*sorted(points), strict=True)
         axes.plot(xs, ys, marker="o", label=family)
+    for row in result.rows:
+        if "auto" in row.variant:  # one point: the depth it ended at
+            depth, cost = _number(row.values.get("depth")), _number(row.values.get("us_per_item"))
+            axes.plot([depth], [cost], "k*", markersize=10, label=f"{row.variant} (final depth)")
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
     axes.set_xlabel("depth / max_prefetch")
@@ -92,5 +101,76 @@ def plot_workload(result: WorkloadResult, path: Path) -> None:
     axes.set_title(result.title, fontsize=10)
     axes.grid(alpha=0.3)
     figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_depth_trace(result: WorkloadResult, path: Path) -> None:
+    """Draw ``result.trace``: an adaptive depth item by item, and the loop's waits.
+
+    The depth is a step line, fixed reference depths are dashed lines, holds
+    (waits the policy chose not to absorb) are crosses on the depth line, the
+    source's slow items are grey ticks along the bottom; on a second axis each
+    wait of the loop of at least 0.1 step is a red stem, in steps.
+    """
+    trace = result.trace
+    items, step_ms = int(trace["items"]), float(trace["step_ms"])
+    references = [float(depth) for depth in trace.get("reference_depths", [])]
+    xs, ys = [0.0], [float(trace["start_depth"])]
+    holds: list[tuple[float, float]] = []
+    for event in trace["events"]:
+        if event["new"] == event["old"]:
+            holds.append((float(event["item"]), float(event["old"])))
+        else:
+            xs.append(float(event["item"]))
+            ys.append(float(event["new"]))
+    xs.append(float(items))
+    ys.append(ys[-1])
+    figure, axes = plt.subplots(figsize=(9, 5))
+    waits_axes = axes.twinx()
+    waited = [
+        (float(index + 1), wait / step_ms)
+        for index, wait in enumerate(trace["waits_ms"])
+        if wait >= 0.1 * step_ms
+    ]
+    if waited:
+        wx, wy = zip(*waited, strict=True)
+        waits_axes.vlines(wx, 0, wy, color="#d62728", alpha=0.4, linewidth=1)
+        waits_axes.plot(wx, wy, "v", color="#d62728", markersize=5, label="the loop waited")
+    waits_axes.set_ylim(0, max([1.0, *(wait for _, wait in waited)]) * 1.25)
+    waits_axes.set_ylabel("wait of the loop (steps)", color="#d62728")
+    top = max([*ys, *references]) * 1.25 + 1
+    slow = trace.get("slow_items", [])
+    if slow:
+        steps = trace.get("slow_steps")
+        label = f"slow item ({float(steps):g}-step read)" if steps else "slow item"
+        axes.vlines(slow, 0, top * 0.03, color="0.5", linewidth=1.5, label=label)
+    colours = ["#2ca02c", "#9467bd", "#8c564b"]
+    for colour, reference in zip(colours, references, strict=False):
+        axes.axhline(
+            reference, color=colour, linestyle="--", linewidth=1, label=f"depth={reference:g}"
+        )
+    axes.step(xs, ys, where="post", color="#1f77b4", linewidth=2, label='depth="auto"')
+    if holds:
+        hx, hy = zip(*holds, strict=True)
+        axes.plot(hx, hy, "kx", markersize=7, label="hold (a wait not absorbed)")
+    axes.set_xlim(0, items)
+    axes.set_ylim(0, top)
+    axes.set_xlabel("item handed to the loop")
+    axes.set_ylabel("depth (items)")
+    axes.set_zorder(waits_axes.get_zorder() + 1)  # the depth line over the stems
+    axes.patch.set_visible(False)
+    handles, labels = axes.get_legend_handles_labels()
+    more, more_labels = waits_axes.get_legend_handles_labels()
+    figure.legend(
+        handles + more, labels + more_labels, fontsize=8, loc="lower center", ncol=6, frameon=False
+    )
+    axes.set_title(
+        f'{result.title}\ndepth="auto", first epoch of a fresh loader: epoch '
+        f"{trace['seconds']:.3f} s, {trace['vs_ideal']:.2f} of ideal (step {step_ms:g} ms)",
+        fontsize=10,
+    )
+    axes.grid(alpha=0.3)
+    figure.tight_layout(rect=(0, 0.06, 1, 1))
     figure.savefig(path, dpi=100)
     plt.close(figure)

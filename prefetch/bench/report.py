@@ -19,8 +19,10 @@ __all__ = ["format_value", "text_table", "write_all"]
 
 
 def format_value(column: Column, values: dict[str, float | str]) -> str:
-    """Format one cell; missing or ``nan`` figures print as ``n/a``."""
+    """Format one cell: missing or ``nan`` prints as ``n/a``; ``""`` (does not apply) as blank."""
     value = values.get(column.key)
+    if value == "":
+        return ""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return column.fmt.format(value)
@@ -69,7 +71,7 @@ def _rst_table(result: WorkloadResult) -> list[str]:
     lines = [".. list-table::", "   :header-rows: 1", ""]
     for cells in [_headers(result)] + [_cells(result, row) for row in result.rows]:
         lines.append(f"   * - {_rst_escape(cells[0])}")
-        lines.extend(f"     - {_rst_escape(cell)}" for cell in cells[1:])
+        lines.extend(f"     - {_rst_escape(cell)}".rstrip() for cell in cells[1:])
     return [*lines, ""]
 
 
@@ -102,6 +104,12 @@ def _section(result: WorkloadResult, out: Path) -> list[str]:
         lines += [
             f".. image:: {_image_path(out, result.name + '.png')}",
             f"   :alt: {title}",
+            "",
+        ]
+    if result.trace_plot and (out / result.trace_plot).exists():
+        lines += [
+            f".. image:: {_image_path(out, result.trace_plot)}",
+            f"   :alt: {title}: depth trace",
             "",
         ]
     return lines
@@ -151,12 +159,15 @@ def write_json(results: Sequence[WorkloadResult], meta: dict[str, Any], out: Pat
 
 
 def write_plots(results: Sequence[WorkloadResult], out: Path) -> list[Path]:
-    """Write one PNG per workload that has figures (matplotlib, Agg backend).
+    """Write one PNG per workload that has figures, and its trace plot if any.
+
+    Plots use matplotlib with the Agg backend; a workload's trace plot (such
+    as ``depth_trace.png``) is named by its ``trace_plot``.
 
     Without matplotlib no plot is written (and the reST page shows none).
     """
     try:
-        from prefetch.bench.plots import plot_workload
+        from prefetch.bench.plots import plot_depth_trace, plot_workload
     except ImportError:
         print("matplotlib is not installed: no plots written", file=sys.stderr)
         return []
@@ -167,6 +178,10 @@ def write_plots(results: Sequence[WorkloadResult], out: Path) -> list[Path]:
             plot_workload(result, path)
             result_plot = path.name
             result.plot = result_plot
+            written.append(path)
+        if result.status == "ok" and result.trace_plot and result.trace:
+            path = out / result.trace_plot
+            plot_depth_trace(result, path)
             written.append(path)
     return written
 
