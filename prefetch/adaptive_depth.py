@@ -1,12 +1,13 @@
 """``DepthPolicy``: how ``BackgroundLoader(depth="auto")`` chooses its depth.
 
-The policy runs on the consumer's thread, once per item handed over, and
-sees only numbers: the clock, how long the loop computed since the last item
-(its *step*), whether and how long it waited, how many items were ready, and
-the producer's running totals (items fetched, time spent on them, time spent
-blocked on a full buffer, largest item in bytes). The producer's time per
-item runs from taking a slot to handing the item over: the source, pinning,
-the hand-off and any wait for the GIL. The policy never sleeps and never
+The policy runs on the consumer's thread: the consumer reports each wait and
+each near miss at once and quiet hand-offs in batches. It sees only numbers:
+the clock, how long the loop computed (its *steps*), whether and how long it
+waited, how few items were ready, and the producer's running totals (items
+fetched, time spent on them, time spent blocked on a full buffer, largest
+item in bytes). The producer's time per item runs from taking a slot to
+handing the item over: the source, pinning, the hand-off and any wait for
+the GIL. The policy never sleeps and never
 touches a thread, so scripted traces test it deterministically.
 
 The rules (the guide explains them with a trace):
