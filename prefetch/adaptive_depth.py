@@ -92,6 +92,10 @@ back once it is known to be slower on average; one slow burst early on is
 not enough to tell."""
 MIN_SAMPLES = 4
 """Steps and fetches to average before the policy grows anything."""
+DEFICIT = "no buffer makes up a throughput deficit"
+NEVER_FULL = (
+    "hold: the buffer never filled since it last ran low; a deeper one would not have helped"
+)
 
 
 class DepthPolicy:
@@ -219,40 +223,29 @@ class DepthPolicy:
         steps_waited = waited / step if step > 0 else math.inf
         if waited > 0.0 and steps_waited < MIN_WAIT_STEPS:
             return None
+        rates = f"{_ms(source)}/item vs {_ms(step)}/step"
+        slower = f"the producer is slower on average ({rates})" if source > step else ""
+        headroom = self.minimum + SLOWER_HEADROOM
+        if slower and self._source_n >= CUT_SAMPLES and self.depth > headroom:
+            self._reason = f"shrink: {slower}; {DEFICIT}"  # grown while it looked faster
+            return headroom
         # Spare: how long the producer sat blocked on a full buffer since the buffer
         # last ran dry (for a wait) or low (so a near miss counts once per draw-down).
         # A deeper buffer would have turned that time into ready items, no more.
-        rates = f"{_ms(source)}/item vs {_ms(step)}/step"
-        cap = self.minimum + SLOWER_HEADROOM
-        if source > step and self._source_n >= CUT_SAMPLES and self.depth > cap:
-            self._reason = (
-                f"shrink: the producer is slower on average ({rates}); "
-                "no buffer makes up a throughput deficit"
-            )
-            return cap
         spare = blocked_seconds - (self._dry_mark if waited > 0.0 else self._low_mark)
         could_make = spare / source if source > 0 else math.inf
         if could_make < 1.0:
-            if source > step:
-                return self._hold(
-                    "slower",
-                    f"hold: the producer is slower on average ({rates}) and never got ahead; "
-                    "no buffer makes up a throughput deficit",
-                )
-            return self._hold(
-                "never full",
-                "hold: the buffer never filled since it last ran low; "
-                "a deeper one would not have helped",
-            )
+            if slower:
+                self._hold("slower", f"hold: {slower} and never got ahead; {DEFICIT}")
+            else:
+                self._hold("never full", NEVER_FULL)
+            return None
         limit, kind, limited_by = self._limit(largest_item)
-        if source > step and cap < limit:
-            limit, kind = cap, "slower"
-            limited_by = (
-                f"{limit} items: the producer is slower on average ({rates}); "
-                "no buffer makes up a throughput deficit"
-            )
+        if slower and headroom < limit:
+            limit, kind, limited_by = headroom, "slower", f"{headroom} items: {slower}; {DEFICIT}"
         if self.depth >= limit:
-            return self._hold(kind, f"hold: at {limited_by}")
+            self._hold(kind, f"hold: at {limited_by}")
+            return None
         spare_items = f"the producer had spare time for {could_make:.1f} more items ({rates})"
         if waited == 0.0:  # a near miss: half again as much cushion
             wanted = (self.depth + 1) // 2
@@ -260,8 +253,7 @@ class DepthPolicy:
         else:  # the items missing; at least half again: the next burst may be longer
             wanted = max((self.depth + 1) // 2, math.ceil(steps_waited))
             self._reason = f"grow: waited {steps_waited:.1f} steps; {spare_items}"
-        grow = max(1, min(wanted, math.floor(could_make)))
-        return min(self.depth + grow, limit)
+        return min(self.depth + max(1, min(wanted, math.floor(could_make))), limit)
 
     def _limit(self, largest_item: int) -> tuple[int, str, str]:
         """Return the depth the bounds allow, which bound, and how to say it."""
@@ -285,14 +277,13 @@ class DepthPolicy:
         self._reason = f"shrink: at least {int(low_water)} items stayed ready over {window} items"
         return max(self.minimum, self.depth - math.ceil(unused / 2))
 
-    def _hold(self, kind: str, reason: str) -> int | None:
+    def _hold(self, kind: str, reason: str) -> None:
         """Record, once per epoch and kind, why a wait did not grow the depth."""
         if kind not in self._held:
             self._held.add(kind)
             self._stats.depth_events.append(
                 DepthEvent(self._stats.items, self._since_start(), self.depth, self.depth, reason)
             )
-        return None
 
     def _since_start(self) -> float:
         started = self._stats.started
