@@ -7,11 +7,12 @@ Wrap an existing loader in one line::
 and the training loop, ``len(loader)`` and ``loader.set_epoch(e)`` keep working.
 """
 
-from prefetch.background import BackgroundIterator, BackgroundLoader
-from prefetch.cuda_prefetcher import CudaPrefetcher
-from prefetch.device_iterator import DeviceIterator
-from prefetch.normalize import Normalize
-from prefetch.stats import DepthEvent, LoaderStats
+from prefetch._background import BackgroundLoader
+from prefetch._background_iterator import BackgroundIterator
+from prefetch._cuda_prefetcher import CudaPrefetcher
+from prefetch._device_iterator import DeviceIterator
+from prefetch._normalize import Normalize
+from prefetch._stats import DepthEvent, LoaderStats
 
 __version__ = "0.1.0"
 
@@ -23,5 +24,4 @@ __all__ = [
     "DeviceIterator",
     "LoaderStats",
     "Normalize",
-    "__version__",
 ]

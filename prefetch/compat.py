@@ -22,9 +22,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from prefetch.arguments import check_iterable
-from prefetch.background_iterator import BackgroundIterator
-from prefetch.stats import EpochRecord
+from prefetch._arguments import check_iterable
+from prefetch._background_iterator import BackgroundIterator
+from prefetch._stats import EpochRecord
 
 __all__ = ["BackgroundGenerator", "background", "prefetch"]
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from prefetch import cuda_prefetcher
-from prefetch.structure import iter_tensors, map_tensors
+from prefetch import _cuda_prefetcher as cuda_prefetcher
+from prefetch._structure import iter_tensors, map_tensors
 
 Log = list[tuple[Any, ...]]
 
@@ -42,7 +42,7 @@ class FakeEvent:
 
 
 class FakeOps:
-    """Implements prefetch.device_ops.DeviceOps over CPU tensors, logging every call."""
+    """Implements prefetch._device_ops.DeviceOps over CPU tensors, logging every call."""
 
     has_streams = True
     non_blocking = True

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from prefetch import BackgroundLoader
-from prefetch.adaptive_depth import (
+from prefetch._adaptive_depth import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
     MIN_SAMPLES,
@@ -24,8 +24,8 @@ from prefetch.adaptive_depth import (
     START_DEPTH,
     DepthPolicy,
 )
-from prefetch.background_iterator import REPORT_EVERY
-from prefetch.channel import Channel
+from prefetch._background_iterator import REPORT_EVERY
+from prefetch._channel import Channel
 
 from .conftest import prefetch_threads
 

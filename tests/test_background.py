@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import importlib
+import pathlib
 import threading
 import time
 import warnings
@@ -15,7 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import prefetch
 from prefetch import BackgroundLoader
-from prefetch.thread_worker import Channel
+from prefetch._thread_worker import Channel
 
 from .conftest import prefetch_threads
 from .sources import Stateful
@@ -272,7 +274,7 @@ class TestErrors:
 
     def test_dead_thread_raises_runtime_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """If the thread dies without a message, next() raises RuntimeError promptly."""
-        from prefetch import thread_worker
+        from prefetch import _thread_worker as thread_worker
 
         monkeypatch.setattr(thread_worker, "_produce", lambda *args: None)
         it = iter(BackgroundLoader(range(3)))
@@ -510,7 +512,8 @@ class TestPinMemory:
 
     def test_pins_nested_batches_in_the_thread(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Every nested tensor leaf goes through pinning, inside the producer thread."""
-        from prefetch import background, pinning
+        from prefetch import _background as background
+        from prefetch import _pinning as pinning
 
         calls: list[tuple[str, int]] = []
         selected: list[tuple[str, int | None]] = []
@@ -626,7 +629,7 @@ class TestStats:
 
 
 def test_public_api_is_explicit() -> None:
-    """The package exports exactly the documented names."""
+    """The package exports exactly the documented names; internal modules export none."""
     assert set(prefetch.__all__) == {
         "BackgroundIterator",
         "BackgroundLoader",
@@ -635,10 +638,15 @@ def test_public_api_is_explicit() -> None:
         "DeviceIterator",
         "LoaderStats",
         "Normalize",
-        "__version__",
     }
     for name in prefetch.__all__:
-        assert hasattr(prefetch, name)
+        assert getattr(prefetch, name).__module__.startswith("prefetch._")
+    assert isinstance(prefetch.__version__, str)
+    internal = sorted(pathlib.Path(prefetch.__file__).parent.glob("_[a-z]*.py"))
+    assert internal, "no internal modules found"
+    for path in internal:
+        module = importlib.import_module(f"prefetch.{path.stem}")
+        assert not hasattr(module, "__all__"), f"{path.name} declares __all__"
 
 
 class TestReleaseErrors:
@@ -675,7 +683,7 @@ class TestReleaseErrors:
         def closing_error(source: Iterator[int], owned: bool) -> None:
             raise cleanup_error
 
-        from prefetch import thread_worker
+        from prefetch import _thread_worker as thread_worker
 
         got: list[int] = []
         with pytest.MonkeyPatch.context() as patch:

@@ -12,8 +12,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from prefetch import BackgroundLoader, CudaPrefetcher, cuda_prefetcher, device_ops
-from prefetch.device_ops import DeviceOps, resolve_device
+from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch import _cuda_prefetcher as cuda_prefetcher
+from prefetch import _device_ops as device_ops
+from prefetch._device_ops import DeviceOps, resolve_device
 
 from .conftest import prefetch_threads
 from .sources import Stateful

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from prefetch import BackgroundLoader, CudaPrefetcher
-from prefetch.thread_worker import request_stop
+from prefetch._thread_worker import request_stop
 
 from . import fake_device
 from .helpers_faults import (

@@ -1,4 +1,4 @@
-"""prefetch.structure: nested batches keep their types through map_leaves."""
+"""prefetch._structure: nested batches keep their types through map_leaves."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from prefetch.structure import (
+from prefetch._structure import (
     get_item,
     iter_tensors,
     map_leaves,

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from prefetch import BackgroundLoader
-from prefetch.adaptive_depth import START_DEPTH
+from prefetch._adaptive_depth import START_DEPTH
 from prefetch.bench.common import (
     IDEAL_COLUMNS,
     Column,

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from prefetch import BackgroundLoader, CudaPrefetcher, Normalize
+from prefetch._cuda_prefetcher import Lifetime
 from prefetch.bench.baselines import ApexStylePrefetcher, TimmStylePrefetcher
 from prefetch.bench.common import (
     Column,
@@ -41,7 +42,6 @@ from prefetch.bench.common import (
 )
 from prefetch.bench.data import MEAN, STD
 from prefetch.bench.progress import ProgressBar
-from prefetch.cuda_prefetcher import Lifetime
 
 __all__ = ["run"]
 

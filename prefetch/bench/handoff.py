@@ -20,7 +20,7 @@ from typing import Any
 import prefetch_generator
 
 from prefetch import BackgroundLoader
-from prefetch.adaptive_depth import DEFAULT_MAX_DEPTH
+from prefetch._adaptive_depth import DEFAULT_MAX_DEPTH
 from prefetch.bench.common import (
     Column,
     Config,

@@ -23,16 +23,6 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "get_item",
-    "iter_leaves",
-    "iter_tensors",
-    "map_leaves",
-    "map_tensors",
-    "replace_item",
-    "tensor_nbytes",
-]
-
 
 def map_leaves(fn: Callable[[Any], Any], batch: Any) -> Any:
     """Return ``batch`` rebuilt with ``fn`` applied to every leaf.

@@ -24,15 +24,13 @@ from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
-from prefetch import device_ops
-from prefetch.arguments import check_depth, check_iterable
-from prefetch.background import BackgroundLoader
-from prefetch.device_iterator import DeviceIterator
-from prefetch.stats import EpochRecord
-from prefetch.structure import iter_tensors
-from prefetch.wrapper import LoaderWrapper, is_stateful
-
-__all__ = ["CudaPrefetcher"]
+from prefetch import _device_ops as device_ops
+from prefetch._arguments import check_depth, check_iterable
+from prefetch._background import BackgroundLoader
+from prefetch._device_iterator import DeviceIterator
+from prefetch._stats import EpochRecord
+from prefetch._structure import iter_tensors
+from prefetch._wrapper import LoaderWrapper, is_stateful
 
 T = TypeVar("T")
 Lifetime = Literal["fence", "record_stream"]

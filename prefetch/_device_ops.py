@@ -15,9 +15,7 @@ from typing import Any
 
 import torch
 
-from prefetch.structure import iter_tensors, map_leaves
-
-__all__ = ["DeviceOps", "make_device_ops", "resolve_device"]
+from prefetch._structure import iter_tensors, map_leaves
 
 
 def resolve_device(device: object, owner: str = "CudaPrefetcher") -> torch.device:

@@ -1,6 +1,6 @@
 """``BackgroundIterator``: the consumer end of one epoch's producer thread.
 
-The thread itself lives in :mod:`prefetch.thread_worker`. This module takes
+The thread itself lives in :mod:`prefetch._thread_worker`. This module takes
 items off the channel, waits (timed, checking the thread is alive) when none
 is ready, keeps the epoch's stats and checkpoint state, reports each hand-off
 to an adaptive depth policy if there is one, and shuts the thread down when
@@ -17,12 +17,10 @@ from typing import Any, TypeVar
 
 from torch.autograd import profiler
 
-from prefetch import thread_worker
-from prefetch.adaptive_depth import DepthPolicy
-from prefetch.channel import END, ITEM, POLL_SECONDS, Channel, Message, request_stop
-from prefetch.stats import EpochRecord, LoaderStats
-
-__all__ = ["CLOSE_TIMEOUT", "REPORT_EVERY", "STUCK_GRACE", "BackgroundIterator"]
+from prefetch import _thread_worker as thread_worker
+from prefetch._adaptive_depth import DepthPolicy
+from prefetch._channel import END, ITEM, POLL_SECONDS, Channel, Message, request_stop
+from prefetch._stats import EpochRecord, LoaderStats
 
 T = TypeVar("T")
 

@@ -52,20 +52,7 @@ from __future__ import annotations
 
 import math
 
-from prefetch.stats import DepthEvent, LoaderStats
-
-__all__ = [
-    "CUT_SAMPLES",
-    "DEFAULT_MAX_BYTES",
-    "DEFAULT_MAX_DEPTH",
-    "HORIZON",
-    "MIN_SAMPLES",
-    "MIN_WAIT_STEPS",
-    "SHRINK_WINDOW",
-    "SLOWER_HEADROOM",
-    "START_DEPTH",
-    "DepthPolicy",
-]
+from prefetch._stats import DepthEvent, LoaderStats
 
 START_DEPTH = 2
 """Depth of a new adaptive loader, and the floor it shrinks back to."""

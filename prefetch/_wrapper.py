@@ -9,16 +9,14 @@ It also holds what the wrappers do alike with their epochs. A wrapper runs
 ahead of the training loop, so the wrapped loader's own ``state_dict()``
 counts items the loop has not seen; each wrapper therefore records the
 state right after taking each item and reports the state of the last item
-it handed over (:class:`~prefetch.stats.EpochRecord`).
+it handed over (:class:`~prefetch._stats.EpochRecord`).
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from prefetch.stats import EpochRecord, LoaderStats
-
-__all__ = ["LoaderWrapper", "is_stateful", "require_stateful", "set_epoch_on"]
+from prefetch._stats import EpochRecord, LoaderStats
 
 W = TypeVar("W", bound="LoaderWrapper")
 

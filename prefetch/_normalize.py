@@ -12,9 +12,7 @@ from typing import Any
 
 import torch
 
-from prefetch.structure import get_item, replace_item
-
-__all__ = ["Normalize"]
+from prefetch._structure import get_item, replace_item
 
 
 def _check_values(name: str, values: object) -> tuple[float, ...]:

@@ -2,14 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "check_bool",
-    "check_depth",
-    "check_iterable",
-    "check_loader_depth",
-    "check_optional_count",
-]
-
 
 def check_iterable(loader: object, owner: str) -> None:
     """Raise ``TypeError`` naming ``owner`` if ``loader`` cannot be iterated."""

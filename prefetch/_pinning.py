@@ -12,9 +12,7 @@ from typing import Any
 
 import torch
 
-from prefetch.structure import map_leaves
-
-__all__ = ["accelerator_available", "current_device_index", "pin_batch", "select_device"]
+from prefetch._structure import map_leaves
 
 
 def accelerator_available() -> bool:

@@ -1,10 +1,10 @@
 """``BackgroundLoader``: produce a loader's items in a thread, ``depth`` ahead.
 
 This module holds the loader: epochs, pinning, pass-through and checkpoints.
-The consumer end of an epoch is :mod:`prefetch.background_iterator`; the
-thread is :mod:`prefetch.thread_worker`; the shared state is
-:mod:`prefetch.channel`; how ``depth="auto"`` decides is
-:mod:`prefetch.adaptive_depth`.
+The consumer end of an epoch is :mod:`prefetch._background_iterator`; the
+thread is :mod:`prefetch._thread_worker`; the shared state is
+:mod:`prefetch._channel`; how ``depth="auto"`` decides is
+:mod:`prefetch._adaptive_depth`.
 """
 
 from __future__ import annotations
@@ -17,21 +17,19 @@ from typing import Generic, Literal, TypeVar
 
 import torch
 
-from prefetch import thread_worker
-from prefetch.adaptive_depth import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DepthPolicy
-from prefetch.arguments import (
+from prefetch import _thread_worker as thread_worker
+from prefetch._adaptive_depth import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DepthPolicy
+from prefetch._arguments import (
     check_bool,
     check_iterable,
     check_loader_depth,
     check_optional_count,
 )
-from prefetch.background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
-from prefetch.channel import Channel, request_stop
-from prefetch.pinning import accelerator_available, current_device_index, pin_batch, select_device
-from prefetch.stats import EpochRecord
-from prefetch.wrapper import LoaderWrapper, is_stateful
-
-__all__ = ["BackgroundIterator", "BackgroundLoader"]
+from prefetch._background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
+from prefetch._channel import Channel, request_stop
+from prefetch._pinning import accelerator_available, current_device_index, pin_batch, select_device
+from prefetch._stats import EpochRecord
+from prefetch._wrapper import LoaderWrapper, is_stateful
 
 T = TypeVar("T")
 

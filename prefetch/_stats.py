@@ -6,8 +6,6 @@ import dataclasses
 import time
 from typing import Any
 
-__all__ = ["DepthEvent", "EpochRecord", "LoaderStats"]
-
 
 @dataclasses.dataclass(frozen=True)
 class DepthEvent:

@@ -17,13 +17,12 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from prefetch.stats import EpochRecord, LoaderStats
-from prefetch.thread_worker import release_source
+from prefetch._stats import EpochRecord, LoaderStats
+from prefetch._thread_worker import release_source
 
 if TYPE_CHECKING:
-    from prefetch.cuda_prefetcher import CudaPrefetcher
+    from prefetch._cuda_prefetcher import CudaPrefetcher
 
-__all__ = ["DeviceIterator"]
 
 T = TypeVar("T")
 

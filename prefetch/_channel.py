@@ -1,7 +1,7 @@
 """``Channel``: the state one producer thread and one consumer share.
 
-The thread that fills it is in :mod:`prefetch.thread_worker`; the consumer
-end is :mod:`prefetch.background_iterator`.
+The thread that fills it is in :mod:`prefetch._thread_worker`; the consumer
+end is :mod:`prefetch._background_iterator`.
 
 Invariants (every change here must keep them):
 
@@ -36,9 +36,7 @@ from collections import deque
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from prefetch.stats import LoaderStats
-
-__all__ = ["END", "ERROR", "ITEM", "POLL_SECONDS", "Channel", "Message", "request_stop"]
+from prefetch._stats import LoaderStats
 
 ITEM, ERROR, END = 0, 1, 2
 """Message tags."""

@@ -1,9 +1,9 @@
 """The producer thread: start it, run it, end it.
 
 This is the only module that starts threads. :func:`start_producer` starts
-one daemon thread that fills a :class:`~prefetch.channel.Channel` (the shared
+one daemon thread that fills a :class:`~prefetch._channel.Channel` (the shared
 state, with its own invariants: tagged messages, exact depth, byte budget, no
-lost wake-ups); :func:`~prefetch.channel.request_stop` and
+lost wake-ups); :func:`~prefetch._channel.request_stop` and
 :func:`join_producer` end it.
 
 Invariants of the thread (every change here must keep them):
@@ -37,16 +37,8 @@ from typing import Any
 
 from torch.autograd import profiler
 
-from prefetch.channel import END, ERROR, Channel, Message, request_stop
-from prefetch.structure import tensor_nbytes
-
-__all__ = [
-    "EXIT_GRACE",
-    "join_producer",
-    "release_source",
-    "request_stop",
-    "start_producer",
-]
+from prefetch._channel import END, ERROR, Channel, Message, request_stop
+from prefetch._structure import tensor_nbytes
 
 EXIT_GRACE = 1.0
 """Longest the interpreter's exit waits, in all, for producers to stop."""
