@@ -81,18 +81,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def choose_device(local_rank: int, local_world: int) -> torch.device:
+    """This rank's device: its own GPU when every rank on this node has one, else the CPU.
+
+    Ranks on a node see the same GPUs, and rank ``LOCAL_RANK`` takes GPU
+    ``LOCAL_RANK``; two ranks never share one. The test is per node
+    (``LOCAL_WORLD_SIZE``, not ``WORLD_SIZE``), so it holds for several
+    nodes; all ranks of a node decide alike, so they agree on the backend
+    (nodes are assumed to be alike). A launcher that shows each rank a single
+    GPU should set ``LOCAL_RANK=0`` for it, or pass the device explicitly.
+    """
+    if torch.cuda.is_available() and local_rank < local_world <= torch.cuda.device_count():
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
 def setup() -> tuple[int, int, torch.device]:
     """Join the process group (nccl with one GPU per process, else gloo)."""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world:
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    device = choose_device(local_rank, local_world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the process group and the prefetcher
+    backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world)
     return rank, world, device
 
@@ -117,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     loader = CudaPrefetcher(
         BackgroundLoader(data, depth=args.depth, pin_memory=device.type == "cuda"),
-        device=device if device.type != "cpu" else None,
+        device=device,  # "cpu" too: the model is there, whatever the machine has
     )
 
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(device)
@@ -151,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            seen.extend(int(i) for i in indices)
+            seen.extend(indices.tolist())  # one device-to-host copy, not one per index
             step += 1
             if stop_at == (epoch, step):
                 checkpoint_dir.mkdir(parents=True, exist_ok=True)

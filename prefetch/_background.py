@@ -115,6 +115,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._loader = loader
         self._pin_memory = pin_memory
         self._num_threads = num_threads
+        self._pin_device: int | None = None  # None: the caller's current device at iter()
         self._stateful = is_stateful(loader)
         self._epoch = None
         self._current: weakref.ref[BackgroundIterator[T]] | None = None
@@ -168,8 +169,14 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._producer = (iterator._thread, iterator._channel)
         return iterator
 
+    def _pin_for(self, device: torch.device) -> None:
+        """Pin for ``device`` (a CudaPrefetcher on top names it): the thread selects it."""
+        self._pin_device = device.index
+
     def _thread_setup(self) -> Callable[[], None] | None:
-        device = current_device_index() if self._pin_memory else None
+        device = None
+        if self._pin_memory:
+            device = self._pin_device if self._pin_device is not None else current_device_index()
         num_threads = self._num_threads
         if device is None and num_threads is None:
             return None

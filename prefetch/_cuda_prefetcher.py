@@ -11,6 +11,21 @@ The stream protocol, for each batch ``k`` (all on the consumer's thread):
    *record_stream* lifetime every tensor leaf is recorded on the consumer
    stream.
 
+Two cases the plain protocol does not cover, and what covers them:
+
+* *record_stream* cannot see the tensors inside an object with ``.to()``
+  (an opaque leaf), so it cannot record them. The first batch holding such a
+  leaf switches the prefetcher to fencing (step 1) for that batch and every
+  later one: a fence protects all memory allocated on the side stream.
+* Inputs already on the device, read by ``transform`` on the side stream,
+  were written on the consumer stream and belong to its memory pool. Before
+  such a batch the side stream waits for the consumer stream (in both
+  lifetimes), and each such input is recorded on the side stream, so the
+  allocator does not give its memory back to the consumer before the
+  transform has read it. Opaque inputs (which may be on the device too) are
+  also kept referenced until their batch is handed over, after which every
+  reuse on the consumer stream is ordered after the transform.
+
 ``depth`` batches stay in flight. On the CPU (no accelerator) none of this
 runs: batches pass through, with ``transform`` applied.
 """
@@ -20,7 +35,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import torch
 
@@ -28,6 +43,7 @@ from prefetch import _device_ops as device_ops
 from prefetch._arguments import check_depth, check_iterable
 from prefetch._background import BackgroundLoader
 from prefetch._device_iterator import DeviceIterator
+from prefetch._device_ops import has_opaque_leaves
 from prefetch._stats import EpochRecord
 from prefetch._structure import iter_tensors
 from prefetch._wrapper import LoaderWrapper, is_stateful
@@ -35,6 +51,13 @@ from prefetch._wrapper import LoaderWrapper, is_stateful
 T = TypeVar("T")
 Lifetime = Literal["fence", "record_stream"]
 LIFETIMES = ("fence", "record_stream")
+
+
+class KeepAlive(NamedTuple):
+    """A batch's event, with the inputs that must stay referenced until its hand-over."""
+
+    event: Any
+    inputs: Any
 
 
 class CudaPrefetcher(LoaderWrapper, Generic[T]):
@@ -62,7 +85,9 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         lifetime: ``"fence"`` (the side stream waits for your stream before
             each copy) or ``"record_stream"`` (each tensor leaf is recorded on
             your stream). Both stop the allocator from recycling memory your
-            kernels still read.
+            kernels still read. ``record_stream`` cannot see the tensors
+            inside an object with ``.to()``: from the first batch holding
+            one, the prefetcher fences instead.
 
     Example:
         >>> batches = [{"x": torch.ones(2), "id": i} for i in range(3)]
@@ -101,6 +126,9 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             self._ops = device_ops.make_device_ops(self._device)
         self._stream: Any = None
         self._pinning_checked = False
+        self._always_fence = lifetime == "fence"  # record_stream switches on opaque leaves
+        if self._device.type != "cpu" and isinstance(loader, BackgroundLoader):
+            loader._pin_for(self._device)  # its thread pins for this device, not the caller's
         self._stateful = is_stateful(loader)
         self._epoch = None
         self._current: weakref.ref[DeviceIterator[T]] | None = None
@@ -147,15 +175,29 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         if not self._pinning_checked:  # the first batch tells; keep the per-batch path lean
             self._pinning_checked = True
             self._warn_if_unpinned(host)
-        if self._lifetime == "fence":
-            self._fence(ops, stream)
+        resident = list(ops.tensors_on_device(host)) if transform is not None else []
+        opaque = (transform is not None or not self._always_fence) and has_opaque_leaves(host)
+        if opaque and not self._always_fence:
+            self._always_fence = True  # record_stream cannot see inside .to() objects
+        if self._always_fence or resident or (opaque and transform is not None):
+            self._fence(ops, stream)  # also orders reads of device-resident inputs
         with ops.use_stream(stream):
             batch = ops.copy(host)
             if transform is not None:
                 batch = transform(batch)
             event = ops.new_event()
             event.record(stream)
+        self._keep_inputs_alive(ops, stream, resident)
+        if opaque and transform is not None:
+            return batch, KeepAlive(event, host)  # opaque inputs may live on the device
         return batch, event
+
+    def _keep_inputs_alive(
+        self, ops: device_ops.DeviceOps, stream: Any, resident: list[Any]
+    ) -> None:
+        """Record device-resident inputs on the side stream, which reads them in ``transform``."""
+        for tensor in resident:
+            ops.record(tensor, stream)
 
     def _fence(self, ops: device_ops.DeviceOps, stream: Any) -> None:
         """Make the side stream wait for all work queued so far on the consumer stream."""
@@ -164,6 +206,8 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
     def _hand_over(self, batch: Any, event: Any) -> None:
         """Make the consumer's current stream ready to use ``batch`` (consumer thread)."""
         assert self._ops is not None
+        if isinstance(event, KeepAlive):
+            event = event.event  # the inputs it held are released once the consumer waits
         consumer = self._ops.current_stream()
         self._consumer_wait(consumer, event)
         if self._lifetime == "record_stream":

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from prefetch._structure import iter_tensors, map_leaves
+from prefetch._structure import iter_leaves, iter_tensors, map_leaves
 
 
 def resolve_device(device: object, owner: str = "CudaPrefetcher") -> torch.device:
@@ -69,7 +69,7 @@ def resolve_device(device: object, owner: str = "CudaPrefetcher") -> torch.devic
         )
         raise RuntimeError(msg)
     count = int(module.device_count())
-    index = resolved.index if resolved.index is not None else int(module.current_device())
+    index = resolved.index if resolved.index is not None else _current_index(resolved.type, module)
     if not 0 <= index < count:
         msg = (
             f"{owner}(device={device!r}): device index {index} is out of range; "
@@ -77,6 +77,37 @@ def resolve_device(device: object, owner: str = "CudaPrefetcher") -> torch.devic
         )
         raise ValueError(msg)
     return torch.device(resolved.type, index)
+
+
+def _current_index(device_type: str, module: Any) -> int:
+    """The current device index of ``device_type`` (MPS and others without one: 0)."""
+    accelerator = (
+        torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    )
+    if accelerator is not None and accelerator.type == device_type:
+        return int(torch.accelerator.current_device_index())
+    current = getattr(module, "current_device", None)  # torch.mps has none
+    return int(current()) if callable(current) else 0
+
+
+def is_opaque_leaf(value: object) -> bool:
+    """Whether ``value`` is moved by its own ``.to()``: tensors inside it are not visible."""
+    if isinstance(value, torch.Tensor | type):
+        return False
+    return callable(getattr(value, "to", None))
+
+
+def has_opaque_leaves(batch: Any) -> bool:
+    """Whether any leaf of ``batch`` is an object with ``.to()`` (not a tensor).
+
+    Example:
+        >>> class Boxes:
+        ...     def to(self, device, non_blocking=False):
+        ...         return self
+        >>> has_opaque_leaves({"x": torch.zeros(1)}), has_opaque_leaves([Boxes()])
+        (False, True)
+    """
+    return any(is_opaque_leaf(leaf) for leaf in iter_leaves(batch))
 
 
 class DeviceOps:
@@ -124,8 +155,8 @@ class DeviceOps:
         def leaf(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
                 return value.to(device, non_blocking=non_blocking)
-            move = getattr(value, "to", None)
-            if callable(move) and not isinstance(value, type):
+            if is_opaque_leaf(value):
+                move = value.to
                 try:
                     return move(device, non_blocking=non_blocking)
                 except TypeError:

@@ -28,6 +28,14 @@ def _check_values(name: str, values: object) -> tuple[float, ...]:
         raise TypeError(msg) from None
 
 
+def _filled(values: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A ``(C, 1, 1)`` tensor of ``values`` made on ``device`` without a host copy."""
+    result = torch.empty((len(values), 1, 1), dtype=dtype, device=device)
+    for index, value in enumerate(values):
+        result[index].fill_(value)
+    return result
+
+
 class Normalize:
     """Convert one tensor of each batch to ``dtype`` and normalise it per channel.
 
@@ -96,14 +104,14 @@ class Normalize:
         cache_key = (tensor.device, compute, scaled)
         cached = self._cache.get(cache_key)
         if cached is None:
-            mean = torch.tensor(self.mean, dtype=torch.float64)
-            std = torch.tensor(self.std, dtype=torch.float64)
-            scale = 1.0 / (std * 255.0) if scaled else 1.0 / std
-            shift = -mean / std
-            shape = (-1, 1, 1)
+            # Built on the device by fill kernels (queued on the current stream, the
+            # side stream under CudaPrefetcher): no blocking copy from unpinned memory.
+            # Python floats are float64, so the values equal a float64 computation.
+            scale = [1.0 / (s * 255.0) if scaled else 1.0 / s for s in self.std]
+            shift = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
             cached = (
-                scale.to(compute).view(shape).to(tensor.device),
-                shift.to(compute).view(shape).to(tensor.device),
+                _filled(scale, compute, tensor.device),
+                _filled(shift, compute, tensor.device),
             )
             self._cache[cache_key] = cached
         return cached

@@ -1,4 +1,12 @@
-"""A recording stand-in for a CUDA device, so the stream protocol can be checked on a CPU."""
+"""A recording stand-in for a CUDA device, so the stream protocol can be checked on a CPU.
+
+"Device memory" is every tensor :class:`FakeOps` made by a copy, plus the
+tensors a test marks as already on the device (:func:`on_device`):
+copying those returns them unchanged, as ``Tensor.to`` does. :class:`Packed`
+is a batch object with ``.to()`` whose tensors the structure walker cannot
+see; the fake copies them like a real ``.to()`` would, so the checks below
+know about its device memory even though the prefetcher does not.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ import pytest
 import torch
 
 from prefetch import _cuda_prefetcher as cuda_prefetcher
-from prefetch._structure import iter_tensors, map_tensors
+from prefetch._structure import iter_leaves, iter_tensors, map_leaves
 
 Log = list[tuple[Any, ...]]
 
@@ -39,6 +47,38 @@ class FakeEvent:
 
     def record(self, stream: FakeStream) -> None:
         self.log.append(("record_event", self.ident, stream.name))
+
+
+RESIDENT = "_fake_device_resident"
+
+
+def on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """Mark ``tensor`` as living on the fake device already (a device-resident input)."""
+    setattr(tensor, RESIDENT, True)
+    return tensor
+
+
+class Packed:
+    """An object with ``.to()`` holding tensors (like a custom batch class): opaque to walkers."""
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self._tensors = tensors
+
+    def to(self, device: Any, non_blocking: bool = False) -> Packed:
+        return Packed(*(t.to(device, non_blocking=non_blocking) for t in self._tensors))
+
+    def fake_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors inside (only the fake device and the checks look)."""
+        return self._tensors
+
+
+def memory(batch: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of ``batch``, those inside :class:`Packed` leaves included."""
+    for tensor in iter_tensors(batch):
+        yield tensor
+    for leaf in iter_leaves(batch):
+        if isinstance(leaf, Packed):
+            yield from leaf.fake_tensors()
 
 
 class FakeOps:
@@ -80,20 +120,35 @@ class FakeOps:
 
     def copy(self, batch: Any) -> Any:
         def move(tensor: torch.Tensor) -> torch.Tensor:
+            if self.is_on_device(tensor):
+                return tensor  # already on the device: Tensor.to returns it as it is
             copied = tensor.clone()
             self.device_tensors[id(copied)] = copied
             self.log.append(("copy", self.current.name, id(copied)))
             return copied
 
-        return map_tensors(move, batch)
+        def leaf(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return move(value)
+            if isinstance(value, Packed):
+                return Packed(*(move(t) for t in value.fake_tensors()))
+            return value
+
+        return map_leaves(leaf, batch)
+
+    def is_on_device(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is device memory: a copy this fake made, or marked resident."""
+        return self.device_tensors.get(id(tensor)) is tensor or hasattr(tensor, RESIDENT)
 
     def tensors_on_device(self, batch: Any) -> Iterator[torch.Tensor]:
-        yield from iter_tensors(batch)  # after the copy every leaf is "on the device"
+        for tensor in iter_tensors(batch):
+            if self.is_on_device(tensor):
+                yield tensor
 
 
 def handed_over(log: Log, batch: Any) -> None:
     """Mark in the log that the consumer received ``batch``."""
-    log.append(("handoff", tuple(id(t) for t in iter_tensors(batch))))
+    log.append(("handoff", tuple(id(t) for t in memory(batch))))
 
 
 def copy_groups(log: Log) -> list[tuple[int, list[int], int]]:
@@ -154,6 +209,47 @@ def check_leaves_recorded(log: Log) -> None:
             assert not missing, f"{len(missing)} leaves handed over without record_stream"
 
 
+def check_memory_protected(log: Log) -> None:
+    """The device memory of every handed-over batch is safe from early reuse.
+
+    Each tensor (those inside ``.to()`` objects too) was recorded on the
+    consumer stream before its hand-off, or every batch copied after that
+    hand-off was fenced (the side stream waited for the consumer first).
+    """
+    recorded = {e[1] for e in log if e[0] == "record_stream" and e[2] == "consumer"}
+    groups = copy_groups(log)
+    ends = [next(i for i, e in enumerate(log) if e[:2] == ("record_event", g[2])) for g in groups]
+    for index, entry in enumerate(log):
+        if entry[0] != "handoff" or all(ident in recorded for ident in entry[1]):
+            continue
+        for position, (start, _ids, _event) in enumerate(groups):
+            if start < index:
+                continue
+            previous_end = ends[position - 1] if position else -1
+            window = log[max(previous_end, index) + 1 : start]
+            assert any(e[0] == "wait_stream" and e[2] == "consumer" for e in window), (
+                f"memory handed over at {index} neither recorded nor fenced before copy {start}"
+            )
+
+
+def check_resident_inputs(log: Log, side: str) -> None:
+    """Inputs already on the device, read by the transform, are ordered and kept alive.
+
+    Before the transform reads one, the side stream waited for the consumer
+    stream (which wrote it) since the previous batch; afterwards the input
+    was recorded on the side stream, so its memory is not reused before the
+    read. Transforms log ``("transform", stream, resident ids)``.
+    """
+    reads = [(i, e) for i, e in enumerate(log) if e[0] == "transform" and e[2]]
+    assert reads, "no transform read a device-resident input"
+    for index, entry in reads:
+        ends = [i for i, e in enumerate(log[:index]) if e[0] == "record_event"]
+        window = log[(ends[-1] if ends else -1) + 1 : index]
+        assert ("wait_stream", side, "consumer") in window, f"transform at {index} not ordered"
+        for ident in entry[2]:
+            assert ("record_stream", ident, side) in log[index:], f"input {ident} not kept alive"
+
+
 def install(monkeypatch: pytest.MonkeyPatch) -> list[FakeOps]:
     """Make every CudaPrefetcher see a fake 'cuda:0'; return the ops objects it creates."""
     created: list[FakeOps] = []
@@ -164,6 +260,8 @@ def install(monkeypatch: pytest.MonkeyPatch) -> list[FakeOps]:
         return ops
 
     def resolve(device: object, owner: str = "") -> torch.device:
+        if isinstance(device, str) and device.startswith("cuda:"):
+            return torch.device(device)  # an explicit index is kept, e.g. "cuda:1"
         return torch.device("cuda", 0)
 
     monkeypatch.setattr(cuda_prefetcher.device_ops, "resolve_device", resolve)

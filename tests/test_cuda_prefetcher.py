@@ -143,6 +143,19 @@ class TestArguments:
         assert resolve_device("cpu") == resolve_device(torch.device("cpu")) == torch.device("cpu")
 
 
+class TestResolveDevice:
+    """resolve_device picks a concrete device without calling what a backend lacks."""
+
+    def test_mps_without_current_device(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """device='mps' resolves to mps:0 although torch.mps has no current_device()."""
+        assert not hasattr(torch.mps, "current_device")
+        monkeypatch.setattr(torch.mps, "is_available", lambda: True)
+        monkeypatch.setattr(torch.mps, "device_count", lambda: 1)
+        assert resolve_device("mps") == torch.device("mps", 0)
+        with pytest.raises(ValueError, match="index 1 is out of range"):
+            resolve_device("mps:1")
+
+
 class TestStructure:
     """DeviceOps.copy keeps every container type; .to() leaves are moved."""
 
@@ -261,7 +274,7 @@ class TestProtocolOnCpu:
     def test_stacked_on_multiworker_dataloader(self) -> None:
         """The one-line stack over DataLoader(num_workers=2) delivers every batch."""
         data = DataLoader(torch.arange(40.0), batch_size=4, num_workers=2)
-        loader = CudaPrefetcher(BackgroundLoader(data, depth=3))
+        loader = CudaPrefetcher(BackgroundLoader(data, depth=3), device="cpu")
         assert torch.equal(torch.cat(list(loader)), torch.arange(40.0))
         assert torch.multiprocessing.active_children() == []
 

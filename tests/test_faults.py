@@ -33,7 +33,7 @@ WRAPPERS: dict[str, Wrap] = {
     "background-d1": lambda src: BackgroundLoader(src, depth=1),
     "background-d4": lambda src: BackgroundLoader(src, depth=4),
     "cuda-cpu-d2": lambda src: CudaPrefetcher(src, device="cpu", depth=2),
-    "stacked": lambda src: CudaPrefetcher(BackgroundLoader(src, depth=3), device=None, depth=2),
+    "stacked": lambda src: CudaPrefetcher(BackgroundLoader(src, depth=3), device="cpu", depth=2),
 }
 
 ERROR_KINDS = sorted(make_errors())

@@ -51,7 +51,9 @@ elif KIND == "dl0":
 elif KIND == "dl2":
     loader = BackgroundLoader(DataLoader(DS(), batch_size=4, num_workers=2), depth=2)
 elif KIND == "stacked":
-    loader = CudaPrefetcher(BackgroundLoader(DataLoader(DS(), batch_size=4), depth=2), depth=2)
+    loader = CudaPrefetcher(
+        BackgroundLoader(DataLoader(DS(), batch_size=4), depth=2), device="cpu", depth=2
+    )
 else:
     raise SystemExit("unknown kind")
 

@@ -174,6 +174,6 @@ class TestInterruptWhileRefilling:
 
         got: list[int] = []
         with pytest.raises(KeyboardInterrupt) as caught:
-            for batch in CudaPrefetcher(BackgroundLoader(source()), depth=2):
+            for batch in CudaPrefetcher(BackgroundLoader(source()), device="cpu", depth=2):
                 got.append(batch)
         assert caught.value is error and got == [0, 1]

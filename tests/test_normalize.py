@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import Any
 
 import pytest
 import torch
@@ -92,6 +93,22 @@ class TestSelection:
         assert out["id"] == 3 and out["pixels"].dtype == torch.float32
         named = Normalize(MEAN, STD, key="image")(Batch(x, 7))
         assert type(named) is Batch and named.label == 7
+
+    def test_coefficients_made_without_a_copy(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The first call builds its coefficients in place: no Tensor.to to any device."""
+        moves: list[tuple[Any, ...]] = []
+        original = torch.Tensor.to
+
+        def spy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if any(isinstance(a, torch.device | str) for a in (*args, *kwargs.values())):
+                moves.append(args)
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", spy)
+        x = images()
+        out = Normalize(MEAN, STD, key=None)(x)
+        assert moves == []
+        assert torch.allclose(out.double(), reference(x, MEAN, STD), atol=1e-5)
 
     def test_as_prefetcher_transform(self) -> None:
         """Used as CudaPrefetcher's transform, each batch arrives normalised."""

@@ -16,7 +16,7 @@ import torch
 from prefetch import CudaPrefetcher
 
 from . import fake_device
-from .fake_device import FakeOps
+from .fake_device import FakeOps, Packed
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -120,6 +120,86 @@ class TestProtocol:
         assert [float(b["image"][0, 0]) for b in received] == [0.0, 2.0, 4.0]
 
 
+def packed_batches(n: int) -> list[dict[str, Any]]:
+    """Batches holding a plain tensor and a ``.to()`` object with tensors inside."""
+    return [
+        {"x": torch.full((2,), float(i)), "boxes": Packed(torch.full((3,), float(i)))}
+        for i in range(n)
+    ]
+
+
+def resident_batches(n: int) -> list[dict[str, Any]]:
+    """Batches whose "mask" is already on the (fake) device, next to a host tensor."""
+    return [
+        {"x": torch.full((2,), float(i)), "mask": fake_device.on_device(torch.full((2,), float(i)))}
+        for i in range(n)
+    ]
+
+
+def logging_transform(get_ops: Callable[[], FakeOps]) -> Callable[[Any], Any]:
+    """A transform that reads the whole batch and logs the device-resident inputs it read."""
+
+    def transform(batch: dict[str, Any]) -> dict[str, Any]:
+        ops = get_ops()
+        resident = tuple(id(t) for t in ops.tensors_on_device({"mask": batch["mask"]}))
+        ops.log.append(("transform", ops.current.name, resident))
+        return {**batch, "x": batch["x"] + batch["mask"]}
+
+    return transform
+
+
+class TestOpaqueAndResident:
+    """The protocol also protects ``.to()`` objects and inputs already on the device."""
+
+    @pytest.mark.parametrize("lifetime", ["fence", "record_stream"])
+    def test_to_objects_memory_protected(self, fake_ops: list[FakeOps], lifetime: Any) -> None:
+        """Tensors inside ``.to()`` objects are recorded or fenced in both lifetimes."""
+        prefetcher = CudaPrefetcher(packed_batches(5), depth=2, lifetime=lifetime)
+        received = run_epochs(prefetcher, fake_ops[0])
+        assert [float(b["boxes"].fake_tensors()[0][0]) for b in received] == [0, 1, 2, 3, 4]
+        fake_device.check_memory_protected(fake_ops[0].log)
+
+    def test_record_stream_fences_from_first_opaque_batch(self, fake_ops: list[FakeOps]) -> None:
+        """record_stream: batches before the first ``.to()`` object are not fenced, later ones are."""
+        batches = nested_batches(2) + packed_batches(2)
+        run_epochs(CudaPrefetcher(batches, lifetime="record_stream"), fake_ops[0])
+        log = fake_ops[0].log
+        starts = [start for start, _ids, _event in fake_device.copy_groups(log)]
+        fences = [i for i, e in enumerate(log) if e == ("wait_stream", "side0", "consumer")]
+        assert len(starts) == 4
+        assert [any(starts[k - 1] < f < starts[k] for f in fences) for k in (1, 3)] == [
+            False,
+            True,
+        ]
+        assert fences[0] < starts[2]
+
+    @pytest.mark.parametrize("lifetime", ["fence", "record_stream"])
+    def test_resident_inputs_ordered_and_kept(self, fake_ops: list[FakeOps], lifetime: Any) -> None:
+        """A transform reads device-resident inputs after the consumer stream, and keeps them."""
+        transform = logging_transform(lambda: fake_ops[0])
+        prefetcher = CudaPrefetcher(
+            resident_batches(4), depth=2, lifetime=lifetime, transform=transform
+        )
+        (ops,) = fake_ops
+        received = run_epochs(prefetcher, ops)
+        assert [float(b["x"][0]) for b in received] == [0.0, 2.0, 4.0, 6.0]
+        fake_device.check_resident_inputs(ops.log, "side0")
+
+    def test_resident_inputs_without_transform_are_not_fenced(
+        self, fake_ops: list[FakeOps]
+    ) -> None:
+        """Without a transform nothing reads resident inputs on the side stream: no fence needed."""
+        batches = resident_batches(3)
+        prefetcher = CudaPrefetcher(batches, lifetime="record_stream")
+        received = run_epochs(prefetcher, fake_ops[0])
+        assert all(b["mask"] is a["mask"] for a, b in zip(batches, received, strict=True))
+        assert not any(e[0] == "wait_stream" for e in fake_ops[0].log)
+
+
+def no_resident_keepalive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CudaPrefetcher, "_keep_inputs_alive", lambda self, ops, stream, r: None)
+
+
 class TestChecksCatchSabotage:
     """Each protocol check fails when the protection it guards is switched off."""
 
@@ -166,3 +246,75 @@ class TestUnpinnedWarning:
         """For another loader the advice is to wrap it in BackgroundLoader(pin_memory=True)."""
         with pytest.warns(UserWarning, match=r"BackgroundLoader\(loader, pin_memory=True\)"):
             list(CudaPrefetcher(nested_batches(1)))
+
+
+class TestHoleChecksCatchSabotage:
+    """The opaque-object and resident-input checks fail when their protection is removed."""
+
+    @pytest.mark.parametrize("lifetime", ["fence", "record_stream"])
+    def test_opaque_check_fails_without_fence(
+        self, fake_ops: list[FakeOps], monkeypatch: pytest.MonkeyPatch, lifetime: Any
+    ) -> None:
+        """Without the fence, ``.to()`` objects' memory is unprotected in both lifetimes."""
+        no_fence(monkeypatch)
+        run_epochs(CudaPrefetcher(packed_batches(4), depth=2, lifetime=lifetime), fake_ops[0])
+        with pytest.raises(AssertionError, match="neither recorded nor fenced"):
+            fake_device.check_memory_protected(fake_ops[0].log)
+
+    @pytest.mark.parametrize(
+        ("sabotage", "match"),
+        [(no_fence, "not ordered"), (no_resident_keepalive, "not kept alive")],
+        ids=["fence", "keep-alive"],
+    )
+    def test_resident_check_fails_without_protection(
+        self,
+        fake_ops: list[FakeOps],
+        monkeypatch: pytest.MonkeyPatch,
+        sabotage: Sabotage,
+        match: str,
+    ) -> None:
+        """Without the fence or the side-stream record, the resident-input check raises."""
+        sabotage(monkeypatch)
+        transform = logging_transform(lambda: fake_ops[0])
+        prefetcher = CudaPrefetcher(
+            resident_batches(3), depth=2, lifetime="record_stream", transform=transform
+        )
+        run_epochs(prefetcher, fake_ops[0])
+        with pytest.raises(AssertionError, match=match):
+            fake_device.check_resident_inputs(fake_ops[0].log, "side0")
+
+
+class TestPinDevice:
+    """A BackgroundLoader under a CudaPrefetcher pins for the prefetcher's device."""
+
+    @pytest.fixture
+    def selected(self, monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+        """Pretend an accelerator (current device 0); record what the thread selects."""
+        from prefetch import _background
+
+        chosen: list[int | None] = []
+        monkeypatch.setattr(_background, "accelerator_available", lambda: True)
+        monkeypatch.setattr(_background, "current_device_index", lambda: 0)
+        monkeypatch.setattr(_background, "select_device", chosen.append)
+        monkeypatch.setattr(_background, "pin_batch", lambda batch: batch)
+        return chosen
+
+    def test_thread_selects_prefetcher_device(
+        self, fake_ops: list[FakeOps], selected: list[int | None]
+    ) -> None:
+        """device='cuda:1' while the caller is on device 0: the thread selects device 1."""
+        from prefetch import BackgroundLoader
+
+        loader = CudaPrefetcher(
+            BackgroundLoader(nested_batches(3), pin_memory=True), device="cuda:1"
+        )
+        assert loader.device == torch.device("cuda", 1)
+        assert len(run_epochs(loader, fake_ops[0], epochs=2)) == 6
+        assert selected == [1, 1]
+
+    def test_alone_it_selects_current_device(self, selected: list[int | None]) -> None:
+        """Without a prefetcher naming a device, the thread selects the caller's current one."""
+        from prefetch import BackgroundLoader
+
+        assert len(list(BackgroundLoader(nested_batches(2), pin_memory=True))) == 2
+        assert selected == [0]

@@ -120,7 +120,9 @@ def make_configs(rng: random.Random) -> dict[str, Config]:
     configs["stacked"] = Config(
         "stacked",
         lambda: CudaPrefetcher(
-            BackgroundLoader(stacked_source, depth=rng.randint(1, 3)), depth=rng.randint(1, 3)
+            BackgroundLoader(stacked_source, depth=rng.randint(1, 3)),
+            device="cpu",
+            depth=rng.randint(1, 3),
         ),
         20,
         source=stacked_source,
@@ -395,7 +397,7 @@ class TestLiveBatches:
         """CudaPrefetcher(BackgroundLoader(depth=i), depth=o) keeps at most i + o + 2 alive."""
         refs: list[weakref.ref[Any]] = []
         loader = CudaPrefetcher(
-            BackgroundLoader(tracked_source(30, refs, False), depth=inner), depth=outer
+            BackgroundLoader(tracked_source(30, refs, False), depth=inner), device="cpu", depth=outer
         )
         peak = self._consume(loader, refs, bound=inner + outer + 2)
         print(f"stacked {inner}+{outer}: peak {peak} live batches (bound {inner + outer + 2})")
