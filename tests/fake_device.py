@@ -74,8 +74,7 @@ class Packed:
 
 def memory(batch: Any) -> Iterator[torch.Tensor]:
     """Every tensor of ``batch``, those inside :class:`Packed` leaves included."""
-    for tensor in iter_tensors(batch):
-        yield tensor
+    yield from iter_tensors(batch)
     for leaf in iter_leaves(batch):
         if isinstance(leaf, Packed):
             yield from leaf.fake_tensors()

@@ -160,7 +160,7 @@ class TestOpaqueAndResident:
         fake_device.check_memory_protected(fake_ops[0].log)
 
     def test_record_stream_fences_from_first_opaque_batch(self, fake_ops: list[FakeOps]) -> None:
-        """record_stream: batches before the first ``.to()`` object are not fenced, later ones are."""
+        """record_stream: no fence before the first ``.to()`` object, a fence from it on."""
         batches = nested_batches(2) + packed_batches(2)
         run_epochs(CudaPrefetcher(batches, lifetime="record_stream"), fake_ops[0])
         log = fake_ops[0].log

@@ -397,7 +397,9 @@ class TestLiveBatches:
         """CudaPrefetcher(BackgroundLoader(depth=i), depth=o) keeps at most i + o + 2 alive."""
         refs: list[weakref.ref[Any]] = []
         loader = CudaPrefetcher(
-            BackgroundLoader(tracked_source(30, refs, False), depth=inner), device="cpu", depth=outer
+            BackgroundLoader(tracked_source(30, refs, False), depth=inner),
+            device="cpu",
+            depth=outer,
         )
         peak = self._consume(loader, refs, bound=inner + outer + 2)
         print(f"stacked {inner}+{outer}: peak {peak} live batches (bound {inner + outer + 2})")
