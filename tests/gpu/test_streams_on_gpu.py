@@ -1,146 +1,197 @@
-"""On a real GPU: the waits and lifetime protections matter, and memory stays flat.
+"""On a real GPU: each ordering and lifetime protection matters.
 
-Each correctness test has a control with the protection switched off that must
-show the corruption the protection prevents, so a pass means something.
+Every guarded test has a control with its protection switched off that must
+read a wrong value (the sabotage pattern of the CPU protocol tests), so a
+pass means the protection, not luck, gave the right answer. Batches hold
+``BASE + k`` and the pools are poisoned first (see ``gpu_helpers``): fresh
+zeroed memory cannot pass for batch 0.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 
-from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch import CudaPrefetcher
+
+from .gpu_helpers import (
+    BASE,
+    ELEMENTS,
+    SLOW_CYCLES,
+    Packed,
+    Sample,
+    disable,
+    expected,
+    host_batches,
+    poison,
+    poisoned_iter,
+    slow_copy,
+)
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.timeout(120),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-SLOW_CYCLES = 20_000_000  # ~10 ms of spinning on the GPU
 
 
-def host_batches(n: int, size: int = 1 << 20) -> list[torch.Tensor]:
-    """Pinned host tensors filled with their index."""
-    return [torch.full((size,), float(i)).pin_memory() for i in range(n)]
-
-
-def slow_fill(batch: torch.Tensor) -> torch.Tensor:
-    """A transform that spins on the (side) stream, then rewrites the batch."""
-    torch.cuda._sleep(SLOW_CYCLES)
-    return batch * 1.0
-
-
-def sums_on_consumer(prefetcher: CudaPrefetcher[Any]) -> list[float]:
-    """Read each batch on the consumer stream immediately; return its mean per element."""
-    results = [batch.mean() for batch in prefetcher]
+def read_at_once(prefetcher: CudaPrefetcher[Any]) -> list[float]:
+    """Read each batch on the consumer stream right after the hand-off."""
+    results = [batch.mean() for batch in poisoned_iter(prefetcher)]
     torch.cuda.synchronize()
     return [r.item() for r in results]
-
-
-def disable(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
-    for name in names:
-        monkeypatch.setattr(CudaPrefetcher, name, lambda self, *args: None)
 
 
 class TestConsumerWait:
     """The consumer stream waits for each batch's copy and transform."""
 
     def test_immediate_read_is_correct(self) -> None:
-        """Reading right after hand-off sees the finished batch."""
-        batches = host_batches(8)
-        assert sums_on_consumer(CudaPrefetcher(batches, transform=slow_fill)) == [
-            float(i) for i in range(8)
-        ]
+        """Reading right after the hand-off sees the finished batch."""
+        assert read_at_once(CudaPrefetcher(host_batches(8), transform=slow_copy)) == expected(8)
 
     def test_control_without_wait_reads_early(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Control: without the wait, some read sees an unfinished batch."""
         disable(monkeypatch, "_consumer_wait")
-        batches = host_batches(8)
-        assert sums_on_consumer(CudaPrefetcher(batches, transform=slow_fill)) != [
-            float(i) for i in range(8)
-        ]
+        assert read_at_once(CudaPrefetcher(host_batches(8), transform=slow_copy)) != expected(8)
+
+    def test_consumer_on_its_own_stream(self) -> None:
+        """A loop on a non-default stream waits on that stream, not on the default one."""
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            got = read_at_once(CudaPrefetcher(host_batches(8), transform=slow_copy))
+        assert got == expected(8)
+
+    def test_control_waiting_on_the_default_stream(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Control: a wait queued on the default stream does not protect the user's stream."""
+
+        def wrong_stream(self: Any, consumer: Any, event: Any) -> None:
+            torch.cuda.default_stream().wait_event(event)
+
+        monkeypatch.setattr(CudaPrefetcher, "_consumer_wait", wrong_stream)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            got = read_at_once(CudaPrefetcher(host_batches(8), transform=slow_copy))
+        assert got != expected(8)
 
 
-def far_ahead_consumer(prefetcher: CudaPrefetcher[Any]) -> list[float]:
-    """Queue slow work before each read and drop each batch at once."""
+def nested_batches(n: int) -> list[dict[str, Any]]:
+    """Batches with ``BASE + k`` in a list, a tuple, a dataclass and a ``.to()`` object."""
+    return [
+        {
+            "a": [torch.full((ELEMENTS,), BASE + k).pin_memory()],
+            "b": (Sample(torch.full((ELEMENTS,), BASE + k).pin_memory()),),
+            "p": Packed(torch.full((ELEMENTS,), BASE + k).pin_memory()),
+        }
+        for k in range(n)
+    ]
+
+
+def leaves(batch: Any) -> list[torch.Tensor]:
+    """The tensors of a batch from :func:`nested_batches` (or a plain tensor)."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    return [batch["a"][0], batch["b"][0].features, batch["p"].tensor]
+
+
+def read_far_behind(prefetcher: CudaPrefetcher[Any]) -> list[list[float]]:
+    """Queue slow work before each read and drop each batch at once (its memory is freed)."""
     results = []
-    for batch in prefetcher:
+    for batch in poisoned_iter(prefetcher):
         torch.cuda._sleep(SLOW_CYCLES)
-        results.append(batch.mean())
+        results.append([t.mean() for t in leaves(batch)])
         del batch
+    torch.cuda.synchronize()
+    return [[r.item() for r in row] for row in results]
+
+
+def correct(rows: list[list[float]]) -> bool:
+    """Whether every leaf of batch ``k`` read ``BASE + k``."""
+    return all(all(v == BASE + k for v in row) for k, row in enumerate(rows))
+
+
+class TestLifetime:
+    """Memory the consumer still reads is never recycled for a later copy."""
+
+    @pytest.mark.parametrize("lifetime", ["fence", "record_stream"])
+    def test_far_behind_consumer_reads_its_own_batch(self, lifetime: Any) -> None:
+        """With either lifetime, every read sees its own batch."""
+        loader = CudaPrefetcher(host_batches(12), lifetime=lifetime, depth=2)
+        assert correct(read_far_behind(loader))
+
+    @pytest.mark.parametrize(
+        ("lifetime", "guard"),
+        [("fence", "_fence"), ("record_stream", "_record_leaves")],
+    )
+    def test_control_without_protection(
+        self, monkeypatch: pytest.MonkeyPatch, lifetime: Any, guard: str
+    ) -> None:
+        """Control: without the fence (or record_stream), a read sees recycled memory."""
+        disable(monkeypatch, guard)
+        loader = CudaPrefetcher(host_batches(12), lifetime=lifetime, depth=2)
+        assert not correct(read_far_behind(loader))
+
+    @pytest.mark.parametrize("lifetime", ["fence", "record_stream"])
+    def test_nested_dataclass_and_to_objects(self, lifetime: Any) -> None:
+        """Leaves in lists, tuples, dataclasses and ``.to()`` objects are all protected."""
+        assert correct(read_far_behind(CudaPrefetcher(nested_batches(12), lifetime=lifetime)))
+
+    def test_control_to_objects_unprotected(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Control: record_stream alone (no automatic fence) lets ``.to()`` memory be recycled."""
+        disable(monkeypatch, "_fence")
+        rows = read_far_behind(CudaPrefetcher(nested_batches(12), lifetime="record_stream"))
+        assert all(row[0] == row[1] == BASE + k for k, row in enumerate(rows))  # recorded leaves
+        assert not correct(rows)  # the .to() object's tensor was recycled
+
+
+Source = Callable[[int], Iterator[dict[str, torch.Tensor]]]
+
+
+def late_device_inputs(n: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield inputs already on the GPU, written by a slow kernel on the consumer stream."""
+    for k in range(n):
+        torch.cuda._sleep(SLOW_CYCLES)
+        yield {"x": torch.full((ELEMENTS,), BASE + k, device="cuda")}
+
+
+def device_inputs(n: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield inputs already on the GPU, each freed soon after the prefetcher took it."""
+    for k in range(n):
+        yield {"x": torch.full((ELEMENTS,), BASE + k, device="cuda")}
+
+
+def slow_read(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A transform that spins, then reads the input (on the side stream)."""
+    torch.cuda._sleep(SLOW_CYCLES)
+    return batch["x"] * 1.0
+
+
+def through_transform(source: Source, lifetime: Any, depth: int) -> list[float]:
+    """Prefetch ``source(10)`` with :func:`slow_read`; return each batch's mean."""
+    poison(torch.cuda.current_stream())
+    loader = CudaPrefetcher(source(10), lifetime=lifetime, depth=depth, transform=slow_read)
+    results = [batch.mean() for batch in loader]
     torch.cuda.synchronize()
     return [r.item() for r in results]
 
 
-class TestLifetime:
-    """Memory the consumer still reads is never recycled for the next copy."""
+class TestDeviceResidentInputs:
+    """A transform reads inputs already on the GPU after they are written, before reuse."""
 
     @pytest.mark.parametrize("lifetime", ["fence", "record_stream"])
-    def test_far_ahead_consumer_reads_its_own_batch(self, lifetime: Any) -> None:
-        """With either lifetime mode, every read sees its own batch."""
-        batches = host_batches(12)
-        assert far_ahead_consumer(CudaPrefetcher(batches, lifetime=lifetime, depth=2)) == [
-            float(i) for i in range(12)
-        ]
+    @pytest.mark.parametrize("source", [late_device_inputs, device_inputs])
+    def test_transform_reads_finished_live_inputs(self, lifetime: Any, source: Source) -> None:
+        """Written by a slow kernel, or freed at once: the transform reads the right values."""
+        assert through_transform(source, lifetime, depth=3) == expected(10)
 
-    def test_control_without_protection_is_corrupted(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Control: with neither fence nor record_stream, a read sees recycled memory."""
+    def test_control_without_ordering(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Control: without the fence the transform reads an input before it is written."""
         disable(monkeypatch, "_fence")
-        batches = host_batches(12)
-        assert far_ahead_consumer(CudaPrefetcher(batches, lifetime="fence", depth=2)) != [
-            float(i) for i in range(12)
-        ]
+        assert through_transform(late_device_inputs, "record_stream", depth=1) != expected(10)
 
-
-class TestMemory:
-    """One side stream per prefetcher keeps reserved memory flat."""
-
-    def test_reserved_memory_flat_over_40_epochs(self) -> None:
-        """Reserved memory after epoch 40 equals that after epoch 2."""
-        loader = CudaPrefetcher(BackgroundLoader(host_batches(6, 1 << 18), pin_memory=True))
-        reserved = []
-        for _ in range(40):
-            for batch in loader:
-                batch.mul_(2)
-            torch.cuda.synchronize()
-            reserved.append(torch.cuda.memory_reserved())
-        print(f"reserved bytes, epochs 2 / 40: {reserved[1]} / {reserved[-1]}")
-        assert reserved[-1] == reserved[1]
-        assert loader.stream is not None
-
-
-class TestOverlap:
-    """Copies overlap compute; results equal a plain loop's (timings are printed, not asserted)."""
-
-    def test_same_results_as_plain_copies(self) -> None:
-        """The prefetched loop computes what the plain .to(device) loop computes; both are timed."""
-        batches = host_batches(20, 1 << 22)
-        weight = torch.randn(1024, 1024, device="cuda")
-
-        def step(x: torch.Tensor) -> torch.Tensor:
-            y = x[: 1024 * 256].view(256, 1024)
-            for _ in range(4):
-                y = torch.tanh(y @ weight)
-            return y.sum()
-
-        def timed(loop: Any) -> tuple[float, list[float]]:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = loop()
-            end.record()
-            torch.cuda.synchronize()
-            return float(start.elapsed_time(end)), [o.item() for o in out]
-
-        def plain() -> list[torch.Tensor]:
-            return [step(host.to("cuda", non_blocking=True)) for host in batches]
-
-        def prefetched() -> list[torch.Tensor]:
-            return [step(batch) for batch in CudaPrefetcher(batches)]
-
-        timed(plain), timed(prefetched)  # warm up
-        plain_ms, plain_out = timed(plain)
-        prefetched_ms, prefetched_out = timed(prefetched)
-        print(f"epoch of 20 steps: plain {plain_ms:.1f} ms, CudaPrefetcher {prefetched_ms:.1f} ms")
-        assert prefetched_out == plain_out
+    def test_control_without_keeping_inputs(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Control: not recorded on the side stream, an input is reused before it is read."""
+        disable(monkeypatch, "_keep_inputs_alive")
+        assert through_transform(device_inputs, "fence", depth=3) != expected(10)
