@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import prefetch_generator
 import torch
 from torch.utils.data import DataLoader
 
@@ -34,6 +33,8 @@ class DataLoaderX(DataLoader):  # type: ignore[type-arg]
     """``DataLoader`` whose iterator runs in a ``prefetch_generator`` thread."""
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        import prefetch_generator  # here: the gpu workload runs where it is not installed
+
         return prefetch_generator.BackgroundGenerator(super().__iter__())  # type: ignore[no-any-return]
 
 
