@@ -6,8 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+GPU_VENV ?= .venv-gpu
+GPU_OUT ?= docs/benchmarks/gpu
+# The GPU benchmark gpu-check runs (repoint it when the benchmarks move).
+GPU_BENCH ?= $(GPU_VENV)/bin/python -m prefetch.bench --workloads gpu --out $(GPU_OUT)
 
-.PHONY: help demo test test-gpu stress docs doctest lint typecheck bench clean
+.PHONY: help demo test test-gpu gpu-check stress docs doctest lint typecheck bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -27,6 +31,10 @@ test: $(STAMP)  ## run the whole test suite (GPU tests skip without CUDA)
 
 test-gpu: $(STAMP)  ## run only the GPU tests (needs CUDA)
 	$(PY) -m pytest tests/gpu -v -rs $(PYTEST_ARGS)
+
+gpu-check:  ## with a CUDA GPU: GPU tests + GPU benchmark (< 8 min) into docs/benchmarks/gpu/; else a no-op
+	GPU_VENV='$(GPU_VENV)' GPU_OUT='$(GPU_OUT)' GPU_BENCH='$(GPU_BENCH)' TORCH='$(TORCH)' \
+		PYTHON='$(PYTHON)' bash scripts/gpu_check.sh
 
 stress: $(STAMP)  ## long soak / stress run
 	PREFETCH_STRESS=full $(PY) -m pytest tests/test_stress.py -v $(PYTEST_ARGS)
@@ -48,4 +56,4 @@ bench: $(STAMP)  ## benchmarks against the baselines; results in docs/benchmarks
 	$(PY) -m prefetch.bench $(BENCH_ARGS)
 
 clean:  ## remove the virtual environment and build outputs
-	rm -rf $(VENV) docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(GPU_VENV) docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
