@@ -166,9 +166,9 @@ class DeviceOps:
         return map_leaves(leaf, batch)
 
     def tensors_on_device(self, batch: Any) -> Iterator[torch.Tensor]:
-        """Yield the tensor leaves of ``batch`` that live on this device."""
+        """Yield the tensor leaves of ``batch`` that live on this device (this index)."""
         for tensor in iter_tensors(batch):
-            if tensor.device.type == self.device.type:
+            if tensor.device == self.device:
                 yield tensor
 
 

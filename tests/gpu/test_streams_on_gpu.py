@@ -162,16 +162,26 @@ def device_inputs(n: int) -> Iterator[dict[str, torch.Tensor]]:
         yield {"x": torch.full((ELEMENTS,), BASE + k, device="cuda")}
 
 
+def quick_read(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A transform that reads the input at once (on the side stream)."""
+    return batch["x"] * 1.0
+
+
 def slow_read(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """A transform that spins, then reads the input (on the side stream)."""
     torch.cuda._sleep(SLOW_CYCLES)
     return batch["x"] * 1.0
 
 
-def through_transform(source: Source, lifetime: Any, depth: int) -> list[float]:
-    """Prefetch ``source(10)`` with :func:`slow_read`; return each batch's mean."""
+Transform = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+
+
+def through_transform(
+    source: Source, transform: Transform, lifetime: Any, depth: int
+) -> list[float]:
+    """Prefetch ``source(10)`` through ``transform``; return each batch's mean."""
     poison(torch.cuda.current_stream())
-    loader = CudaPrefetcher(source(10), lifetime=lifetime, depth=depth, transform=slow_read)
+    loader = CudaPrefetcher(source(10), lifetime=lifetime, depth=depth, transform=transform)
     results = [batch.mean() for batch in loader]
     torch.cuda.synchronize()
     return [r.item() for r in results]
@@ -181,17 +191,24 @@ class TestDeviceResidentInputs:
     """A transform reads inputs already on the GPU after they are written, before reuse."""
 
     @pytest.mark.parametrize("lifetime", ["fence", "record_stream"])
-    @pytest.mark.parametrize("source", [late_device_inputs, device_inputs])
-    def test_transform_reads_finished_live_inputs(self, lifetime: Any, source: Source) -> None:
+    @pytest.mark.parametrize(
+        ("source", "transform"),
+        [(late_device_inputs, quick_read), (device_inputs, slow_read)],
+        ids=["written-late", "freed-early"],
+    )
+    def test_transform_reads_finished_live_inputs(
+        self, lifetime: Any, source: Source, transform: Transform
+    ) -> None:
         """Written by a slow kernel, or freed at once: the transform reads the right values."""
-        assert through_transform(source, lifetime, depth=3) == expected(10)
+        assert through_transform(source, transform, lifetime, depth=3) == expected(10)
 
     def test_control_without_ordering(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Control: without the fence the transform reads an input before it is written."""
         disable(monkeypatch, "_fence")
-        assert through_transform(late_device_inputs, "record_stream", depth=1) != expected(10)
+        got = through_transform(late_device_inputs, quick_read, "record_stream", depth=1)
+        assert got != expected(10)
 
     def test_control_without_keeping_inputs(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Control: not recorded on the side stream, an input is reused before it is read."""
         disable(monkeypatch, "_keep_inputs_alive")
-        assert through_transform(device_inputs, "fence", depth=3) != expected(10)
+        assert through_transform(device_inputs, slow_read, "fence", depth=3) != expected(10)
