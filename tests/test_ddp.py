@@ -188,3 +188,40 @@ class TestTraining:
             for epoch_index in range(EPOCHS):
                 assert resumed.indices(rank, epoch_index) == full.indices(rank, epoch_index)
             assert weights_equal(resumed.weights[rank], full.weights[rank]), rank
+
+
+class TestDeviceChoice:
+    """examples/ddp_train.py gives a rank a GPU only when every rank on its node has its own."""
+
+    @pytest.fixture
+    def choose(self, monkeypatch: pytest.MonkeyPatch) -> Any:
+        """The example's choose_device, with a machine of ``gpus`` GPUs pretended."""
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("ddp_train", SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+        def choose(local_rank: int, local_world: int, gpus: int) -> torch.device:
+            monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+            monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+            return module.choose_device(local_rank, local_world)  # type: ignore[no-any-return]
+
+        return choose
+
+    @pytest.mark.parametrize(
+        ("local_world", "gpus", "expected"),
+        [
+            (2, 0, ["cpu", "cpu"]),
+            (2, 1, ["cpu", "cpu"]),  # two ranks, one GPU: both on gloo, never a shared GPU
+            (2, 2, ["cuda:0", "cuda:1"]),
+            (2, 8, ["cuda:0", "cuda:1"]),
+        ],
+    )
+    def test_every_rank_of_a_node_agrees(
+        self, choose: Any, local_world: int, gpus: int, expected: list[str]
+    ) -> None:
+        """Ranks of one node all get their own GPU or all the CPU, so they agree on the backend."""
+        got = [str(choose(rank, local_world, gpus)) for rank in range(local_world)]
+        assert got == expected
