@@ -6,7 +6,9 @@ to show the check would catch that bug.
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -318,3 +320,28 @@ class TestPinDevice:
 
         assert len(list(BackgroundLoader(nested_batches(2), pin_memory=True))) == 2
         assert selected == [0]
+
+
+class TestOpaqueInputsKeptAlive:
+    """With a transform, ``.to()`` inputs (maybe on the device) live until their hand-over."""
+
+    def test_inputs_released_after_hand_over(self, fake_ops: list[FakeOps]) -> None:
+        """Inputs of the batches in flight are still referenced; those handed over are not."""
+        inputs: list[weakref.ref[Packed]] = []
+
+        def source() -> Any:
+            for k in range(4):
+                packed = Packed(torch.full((2,), float(k)))
+                inputs.append(weakref.ref(packed))
+                yield {"p": packed}
+                del packed
+
+        prefetcher = CudaPrefetcher(source(), depth=2, transform=lambda batch: batch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            iterator = iter(prefetcher)
+            first = next(iterator)
+        gc.collect()
+        assert float(first["p"].fake_tensors()[0][0]) == 0.0
+        assert [ref() is not None for ref in inputs] == [False, True, True]
+        iterator.close()
