@@ -66,8 +66,10 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             not yet consumed). Default: 1 GiB with ``depth="auto"``, no limit
             with a fixed depth. One item always flows, however large.
         pin_memory: Pin every tensor leaf in the thread, for fast
-            host-to-device copies. Without an accelerator this warns once
-            and items pass through unchanged.
+            host-to-device copies. The thread first selects the device of
+            the :class:`~prefetch.CudaPrefetcher` stacked on this loader, or
+            else the caller's current device at ``iter()``. Without an
+            accelerator this warns once and items pass through unchanged.
         num_threads: If given, ``torch.set_num_threads`` in the producer
             thread, so torch work there does not fight your training step
             for the cores.

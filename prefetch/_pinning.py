@@ -3,7 +3,8 @@
 A host-to-device copy only overlaps compute when the host tensor is pinned,
 and pinning costs a copy of its own, so it belongs in the background thread,
 never on the training loop's thread. A thread that touches the accelerator
-must select the caller's device first: new threads start on device 0.
+must select its device first (the prefetcher's, else the caller's current
+one): new threads start on device 0.
 """
 
 from __future__ import annotations
