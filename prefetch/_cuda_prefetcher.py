@@ -28,9 +28,10 @@ from prefetch import _device_ops as device_ops
 from prefetch._arguments import check_depth, check_iterable
 from prefetch._background import BackgroundLoader
 from prefetch._device_iterator import DeviceIterator
+from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
 from prefetch._structure import iter_tensors
-from prefetch._wrapper import LoaderWrapper, is_stateful
+from prefetch._wrapper import LoaderWrapper
 
 T = TypeVar("T")
 Lifetime = Literal["fence", "record_stream"]
@@ -101,7 +102,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             self._ops = device_ops.make_device_ops(self._device)
         self._stream: Any = None
         self._pinning_checked = False
-        self._stateful = is_stateful(loader)
+        self._adopt_state()
         self._epoch = None
         self._current: weakref.ref[DeviceIterator[T]] | None = None
 
@@ -125,7 +126,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         source = iter(self._loader)
         if self._ops is not None and self._ops.has_streams and self._stream is None:
             self._stream = self._ops.new_stream()
-        self._epoch = EpochRecord(self._read_state())
+        self._epoch = EpochRecord(self._read_start_state())
         iterator: DeviceIterator[T] = DeviceIterator(
             self, source, self._epoch, owned=source is not self._loader
         )
@@ -133,7 +134,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         return iterator
 
     def _read_state(self) -> Any:
-        return self._loader.state_dict() if self._stateful else None
+        return read_state(self._loader) if self._stateful else None
 
     def _to_device(self, host: Any) -> tuple[Any, Any]:
         """Start the copy (and transform) of one batch; return it with its event."""
