@@ -149,6 +149,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     def __iter__(self) -> BackgroundIterator[T]:
         self._stop_epoch(wait=True)
+        self._check_sharding()
         loader = self._loader
         source = iter(loader)
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in

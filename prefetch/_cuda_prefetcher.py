@@ -123,6 +123,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
 
     def __iter__(self) -> DeviceIterator[T]:
         self.close()
+        self._check_sharding()
         source = iter(self._loader)
         if self._ops is not None and self._ops.has_streams and self._stream is None:
             self._stream = self._ops.new_stream()

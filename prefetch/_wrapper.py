@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, SupportsIndex, TypeVar, cast
 
+from prefetch._distributed import distributed_world, warn_if_unsharded
 from prefetch._stateful import (
     NotStatefulError,
     StateUnavailable,
@@ -94,6 +95,14 @@ class LoaderWrapper:
     _loader: Any
     _epoch: EpochRecord | None = None
     _state_problem: str | None = None  # why the wrapped loader cannot checkpoint
+    _sharding_checked = False  # looked for a DataLoader that every rank reads whole
+
+    def _check_sharding(self) -> None:
+        """At the first epoch under ``torch.distributed``, warn if this rank reads everything."""
+        if self._sharding_checked or distributed_world() <= 1:
+            return
+        self._sharding_checked = True
+        warn_if_unsharded(self._loader, type(self).__name__)
 
     def _adopt_state(self) -> None:
         """Decide, when the wrapper is built, whether it checkpoints.
