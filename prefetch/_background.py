@@ -28,6 +28,7 @@ from prefetch._arguments import (
 )
 from prefetch._background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
 from prefetch._channel import Channel, request_stop
+from prefetch._checkpointing import adopt_state, read_start_state
 from prefetch._pinning import accelerator_available, current_device_index, pin_batch, select_device
 from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
@@ -117,7 +118,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._loader = loader
         self._pin_memory = pin_memory
         self._num_threads = num_threads
-        self._adopt_state()
+        self._stateful = adopt_state(self)
         self._epoch = None
         self._current: weakref.ref[BackgroundIterator[T]] | None = None
         self._producer: tuple[threading.Thread, Channel] | None = None
@@ -154,7 +155,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         source = iter(loader)
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
         # this state, not the finished previous one. The thread has not started yet.
-        start_state = self._read_start_state()
+        start_state = read_start_state(self)
         self._epoch = EpochRecord(start_state)
         iterator = BackgroundIterator(
             source,

@@ -27,6 +27,7 @@ import torch
 from prefetch import _device_ops as device_ops
 from prefetch._arguments import check_depth, check_iterable
 from prefetch._background import BackgroundLoader
+from prefetch._checkpointing import adopt_state, read_start_state
 from prefetch._device_iterator import DeviceIterator
 from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
@@ -102,7 +103,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             self._ops = device_ops.make_device_ops(self._device)
         self._stream: Any = None
         self._pinning_checked = False
-        self._adopt_state()
+        self._stateful = adopt_state(self)
         self._epoch = None
         self._current: weakref.ref[DeviceIterator[T]] | None = None
 
@@ -127,7 +128,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         source = iter(self._loader)
         if self._ops is not None and self._ops.has_streams and self._stream is None:
             self._stream = self._ops.new_stream()
-        self._epoch = EpochRecord(self._read_start_state())
+        self._epoch = EpochRecord(read_start_state(self))
         iterator: DeviceIterator[T] = DeviceIterator(
             self, source, self._epoch, owned=source is not self._loader
         )

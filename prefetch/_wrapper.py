@@ -10,19 +10,18 @@ ahead of the training loop, so the wrapped loader's own ``state_dict()``
 counts items the loop has not seen; each wrapper therefore records the
 state right after taking each item and reports the state of the last item
 it handed over (:class:`~prefetch._stats.EpochRecord`).
+
+Invariant: a wrapper has ``state_dict``/``load_state_dict`` exactly when the
+loader it wraps can checkpoint; :mod:`prefetch._checkpointing` adds them.
+Here, both names raise :class:`~prefetch.NotStatefulError` saying why.
 """
 
 from __future__ import annotations
 
-from typing import Any, SupportsIndex, TypeVar, cast
+from typing import Any, TypeVar
 
 from prefetch._distributed import distributed_world, warn_if_unsharded
-from prefetch._stateful import (
-    NotStatefulError,
-    StateUnavailable,
-    read_state,
-    state_problem,
-)
+from prefetch._stateful import NotStatefulError, state_problem
 from prefetch._stats import EpochRecord, LoaderStats
 
 W = TypeVar("W", bound="LoaderWrapper")
@@ -94,6 +93,7 @@ class LoaderWrapper:
 
     _loader: Any
     _epoch: EpochRecord | None = None
+    _stateful = False  # set by prefetch._checkpointing.adopt_state
     _state_problem: str | None = None  # why the wrapped loader cannot checkpoint
     _sharding_checked = False  # looked for a DataLoader that every rank reads whole
 
@@ -103,36 +103,6 @@ class LoaderWrapper:
             return
         self._sharding_checked = True
         warn_if_unsharded(self._loader, type(self).__name__)
-
-    def _adopt_state(self) -> None:
-        """Decide, when the wrapper is built, whether it checkpoints.
-
-        A wrapper over a stateful loader becomes its class's :class:`Checkpointing`
-        twin, the only kind with ``state_dict``/``load_state_dict``.
-        """
-        self._state_problem = state_problem(self._loader)
-        if self._state_problem is None and not isinstance(self, Checkpointing):
-            self.__class__ = _stateful_twin(type(self))
-
-    def _read_start_state(self) -> Any:
-        """Read the wrapped loader's state at an epoch start, or ``None`` if not stateful.
-
-        If the read raises, this wrapper turns non-stateful for good (it loses
-        ``state_dict``/``load_state_dict``) and remembers why; iteration goes on.
-        """
-        if not isinstance(self, Checkpointing):
-            return None
-        state = read_state(self._loader)
-        if isinstance(state, StateUnavailable):
-            inner = getattr(self._loader, "_state_problem", None)
-            self._state_problem = inner if isinstance(inner, str) else state.describe()
-            self.__class__ = cast("type[Checkpointing]", self._twin_of)  # the plain class
-            return None
-        return state
-
-    @property
-    def _stateful(self) -> bool:
-        return isinstance(self, Checkpointing)
 
     def _stop_epoch(self, wait: bool) -> None:
         """Stop the current epoch; with ``wait``, until nothing touches the loader."""
@@ -198,7 +168,7 @@ class LoaderWrapper:
             msg = (
                 f"{type(self).__name__}.{name}() needs a loader with state_dict() and "
                 f"load_state_dict() (such as torchdata's StatefulDataLoader); "
-                f"{self._state_problem}"
+                f"{self._state_problem or 'it was not built over one'}"
             )
             raise NotStatefulError(msg)
         try:
@@ -213,86 +183,3 @@ class LoaderWrapper:
                 f"and neither has the wrapped {type(loader).__name__!r}"
             )
             raise AttributeError(msg) from None
-
-
-class Checkpointing(LoaderWrapper):
-    """The methods a wrapper has only over a loader that can checkpoint.
-
-    A framework checks for ``state_dict``/``load_state_dict`` to decide
-    whether to save a loader's state (Lightning does, at every checkpoint), so
-    a wrapper over a plain ``DataLoader`` must not have them. Each wrapper
-    class gets a twin that adds these methods, with the same name; a wrapper
-    built over a stateful loader is an instance of that twin. Over any other
-    loader, both names raise :class:`~prefetch._stateful.NotStatefulError`
-    (an ``AttributeError``, so ``hasattr`` is false) that says why.
-    """
-
-    _twin_of: type[LoaderWrapper]
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
-        # The twin is not importable by name: pickle the class it twins, rebuild the twin.
-        reduced = super().__reduce_ex__(protocol)
-        assert isinstance(reduced, tuple)  # objects without __reduce__ of their own
-        return (_new_twin, (self._twin_of,), *reduced[2:])
-
-    def state_dict(self) -> Any:
-        """Return the wrapped loader's state as of the last item you received.
-
-        Items read ahead (by a thread, or in flight on the device) are not
-        counted, so :meth:`load_state_dict` resumes right after the last item
-        your loop saw, through any stack of wrappers.
-
-        Raises:
-            NotStatefulError: If the wrapped loader's ``state_dict()`` raised
-                (the error names it and is chained).
-
-        Example:
-            >>> from torchdata.stateful_dataloader import StatefulDataLoader
-            >>> from prefetch import BackgroundLoader
-            >>> loader = BackgroundLoader(StatefulDataLoader(list(range(6))), depth=4)
-            >>> iterator = iter(loader)
-            >>> [next(iterator).item() for _ in range(2)]
-            [0, 1]
-            >>> state = loader.state_dict()  # the thread may be further ahead: not counted
-            >>> loader.load_state_dict(state)
-            >>> [batch.item() for batch in loader]
-            [2, 3, 4, 5]
-        """
-        state = read_state(self._loader) if self._epoch is None else self._epoch.state
-        if isinstance(state, StateUnavailable):
-            msg = f"{type(self).__name__}.state_dict() has no state to give: {state.describe()}"
-            raise NotStatefulError(msg) from state.error
-        return state
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        """Stop any running epoch and load ``state_dict`` into the wrapped loader.
-
-        The next ``iter()`` resumes from that state.
-        """
-        self._stop_epoch(wait=True)
-        self._epoch = None
-        self._loader.load_state_dict(state_dict)
-
-
-_TWINS: dict[type[LoaderWrapper], type[LoaderWrapper]] = {}
-
-
-def _new_twin(cls: type[LoaderWrapper]) -> LoaderWrapper:
-    """Unpickle a stateful wrapper: an empty instance of ``cls``'s twin."""
-    twin = _stateful_twin(cls)
-    return twin.__new__(twin)
-
-
-def _stateful_twin(cls: type[LoaderWrapper]) -> type[LoaderWrapper]:
-    """Return the subclass of ``cls`` that also is :class:`Checkpointing` (made once)."""
-    twin = _TWINS.get(cls)
-    if twin is None:
-        namespace: dict[str, Any] = {
-            "__module__": cls.__module__,
-            "__qualname__": cls.__qualname__,
-            "__doc__": cls.__doc__,
-            "_twin_of": cls,
-        }
-        twin = type(cls.__name__, (cls, Checkpointing), namespace)
-        _TWINS[cls] = twin
-    return twin
