@@ -7,7 +7,8 @@ two CPU processes (gloo) to check that each rank trains on its own shard.
 from __future__ import annotations
 
 import json
-import warnings
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
+
+from .helpers_faults import ROOT, subprocess_env
 
 L = pytest.importorskip("lightning")
 
@@ -127,31 +130,6 @@ class TestLightningSingleProcess:
 # --- DDP: two spawned CPU processes -------------------------------------------------
 
 
-def sharded_loader() -> Any:
-    """The documented recipe: a DistributedSampler when torch.distributed runs."""
-    data = dataset()
-    sampler = DistributedSampler(data, shuffle=True) if dist.is_initialized() else None
-    return BackgroundLoader(DataLoader(data, batch_size=BATCH, sampler=sampler))
-
-
-class SpawnedModel(Model):
-    """Writes, per rank, the items it trained on and whether an unsharded loader warned."""
-
-    def __init__(self, out: str) -> None:
-        super().__init__(sharded_loader)
-        self.out = out
-
-    def on_train_end(self) -> None:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            list(BackgroundLoader(DataLoader(dataset(), batch_size=BATCH)))
-        report = {
-            "items": self.seen["train"],
-            "warned": [str(w.message) for w in caught if w.category is UserWarning],
-        }
-        Path(self.out, f"rank{self.global_rank}.json").write_text(json.dumps(report))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
@@ -159,11 +137,16 @@ class TestLightningDDP:
     def test_ranks_train_on_disjoint_shards_and_unsharded_loader_warns(
         self, tmp_path: Path
     ) -> None:
-        """Under ddp_spawn the ranks' items are disjoint and cover the data; unsharded warns."""
-        run = trainer(
-            tmp_path, max_epochs=1, strategy="ddp_spawn", devices=2, enable_checkpointing=False
+        """Under ddp_spawn the ranks' items are disjoint and cover the data; unsharded warns.
+
+        Runs in a child Python (tests/lightning_ddp_run.py): the spawn start
+        method leaves a resource-tracker process alive until its parent exits.
+        """
+        command = [sys.executable, "-m", "tests.lightning_ddp_run", str(tmp_path)]
+        done = subprocess.run(
+            command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=170
         )
-        run.fit(SpawnedModel(str(tmp_path)))
+        assert done.returncode == 0, done.stderr[-3000:]
         reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
         first, second = (report["items"] for report in reports)
         assert not set(first) & set(second)
