@@ -16,11 +16,11 @@ GPU_BENCH ?= $(GPU_VENV)/bin/python -m prefetch.bench --workloads gpu --out $(GP
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[test,docs,lint,bench]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,docs,lint,bench]"
 	touch $(STAMP)
 
 demo: $(STAMP)  ## run the built-in demonstration (plain vs prefetched training loop)

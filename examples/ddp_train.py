@@ -10,7 +10,9 @@ state as of the last batch this rank trained on, however far the background
 thread and the device prefetcher had run ahead -- so a run stopped mid-epoch
 and resumed ends with exactly the weights of an uninterrupted run.
 
-Run on CPU (gloo) or GPUs (nccl, one per process)::
+Run on CPU (gloo) or GPUs (nccl, one per process); ``python
+examples/ddp_train.py`` alone trains as one process and writes to
+``runs/ddp_train``::
 
     torchrun --nproc_per_node=2 examples/ddp_train.py --out runs/full
     torchrun --nproc_per_node=2 examples/ddp_train.py --out runs/part \\
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,7 +61,12 @@ class Regression(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for per-rank outputs")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/ddp_train"),
+        help="directory for per-rank outputs (default: runs/ddp_train)",
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--dataset-size", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=4)
@@ -110,12 +118,23 @@ def setup() -> tuple[int, int, torch.device]:
     return rank, world, device
 
 
+def single_process_defaults() -> None:
+    """Started with plain ``python`` (no torchrun): run as a group of one on this machine."""
+    if "MASTER_ADDR" in os.environ:
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
 def checkpoint_path(directory: Path, rank: int) -> Path:
     return directory / f"checkpoint_rank{rank}.pt"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    single_process_defaults()
     rank, world, device = setup()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)

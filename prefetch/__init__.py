@@ -12,6 +12,7 @@ from prefetch._background_iterator import BackgroundIterator
 from prefetch._cuda_prefetcher import CudaPrefetcher
 from prefetch._device_iterator import DeviceIterator
 from prefetch._normalize import Normalize
+from prefetch._stateful import NotStatefulError, Stateful
 from prefetch._stats import DepthEvent, LoaderStats
 
 __version__ = "0.1.0"
@@ -24,4 +25,6 @@ __all__ = [
     "DeviceIterator",
     "LoaderStats",
     "Normalize",
+    "NotStatefulError",
+    "Stateful",
 ]

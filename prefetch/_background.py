@@ -13,6 +13,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Generic, Literal, TypeVar
 
 import torch
@@ -27,9 +28,11 @@ from prefetch._arguments import (
 )
 from prefetch._background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
 from prefetch._channel import Channel, request_stop
+from prefetch._checkpointing import adopt_state, read_start_state
 from prefetch._pinning import accelerator_available, current_device_index, pin_batch, select_device
+from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
-from prefetch._wrapper import LoaderWrapper, is_stateful
+from prefetch._wrapper import LoaderWrapper
 
 T = TypeVar("T")
 
@@ -118,7 +121,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._pin_memory = pin_memory
         self._num_threads = num_threads
         self._pin_device: int | None = None  # None: the caller's current device at iter()
-        self._stateful = is_stateful(loader)
+        self._stateful = adopt_state(self)
         self._epoch = None
         self._current: weakref.ref[BackgroundIterator[T]] | None = None
         self._producer: tuple[threading.Thread, Channel] | None = None
@@ -150,11 +153,12 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     def __iter__(self) -> BackgroundIterator[T]:
         self._stop_epoch(wait=True)
+        self._check_sharding()
         loader = self._loader
         source = iter(loader)
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
         # this state, not the finished previous one. The thread has not started yet.
-        start_state = loader.state_dict() if self._stateful else None  # type: ignore[attr-defined]
+        start_state = read_start_state(self)
         self._epoch = EpochRecord(start_state)
         iterator = BackgroundIterator(
             source,
@@ -162,7 +166,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             self._epoch,
             owned=source is not loader,
             prepare=pin_batch if self._pin_memory else None,
-            read_state=loader.state_dict if self._stateful else None,  # type: ignore[attr-defined]
+            read_state=partial(read_state, loader) if self._stateful else None,
             setup=self._thread_setup(),
             max_bytes=self._max_bytes,
             policy=self._policy,

@@ -42,11 +42,13 @@ import torch
 from prefetch import _device_ops as device_ops
 from prefetch._arguments import check_depth, check_iterable
 from prefetch._background import BackgroundLoader
+from prefetch._checkpointing import adopt_state, read_start_state
 from prefetch._device_iterator import DeviceIterator
 from prefetch._device_ops import has_opaque_leaves
+from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
 from prefetch._structure import iter_tensors
-from prefetch._wrapper import LoaderWrapper, is_stateful
+from prefetch._wrapper import LoaderWrapper
 
 T = TypeVar("T")
 Lifetime = Literal["fence", "record_stream"]
@@ -129,7 +131,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         self._always_fence = lifetime == "fence"  # record_stream switches on opaque leaves
         if self._device.type != "cpu" and isinstance(loader, BackgroundLoader):
             loader._pin_for(self._device)  # its thread pins for this device, not the caller's
-        self._stateful = is_stateful(loader)
+        self._stateful = adopt_state(self)
         self._epoch = None
         self._current: weakref.ref[DeviceIterator[T]] | None = None
 
@@ -150,10 +152,11 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
 
     def __iter__(self) -> DeviceIterator[T]:
         self.close()
+        self._check_sharding()
         source = iter(self._loader)
         if self._ops is not None and self._ops.has_streams and self._stream is None:
             self._stream = self._ops.new_stream()
-        self._epoch = EpochRecord(self._read_state())
+        self._epoch = EpochRecord(read_start_state(self))
         iterator: DeviceIterator[T] = DeviceIterator(
             self, source, self._epoch, owned=source is not self._loader
         )
@@ -161,7 +164,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         return iterator
 
     def _read_state(self) -> Any:
-        return self._loader.state_dict() if self._stateful else None
+        return read_state(self._loader) if self._stateful else None
 
     def _to_device(self, host: Any) -> tuple[Any, Any]:
         """Start the copy (and transform) of one batch; return it with its event."""

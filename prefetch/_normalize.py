@@ -7,7 +7,7 @@ training step nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -123,8 +123,9 @@ class Normalize:
             raise TypeError(msg)
         channels = len(self.mean)
         if tensor.dim() < 3 or (channels != 1 and tensor.shape[-3] != channels):
+            noun = "channel" if channels == 1 else "channels"
             msg = (
-                f"Normalize expects a tensor with {channels} channels at dimension -3, "
+                f"Normalize expects a tensor with {channels} {noun} at dimension -3, "
                 f"got shape {tuple(tensor.shape)}"
             )
             raise ValueError(msg)
@@ -145,7 +146,22 @@ class Normalize:
 
     def __call__(self, batch: Any) -> Any:
         """Return ``batch`` with the tensor at ``key`` normalised."""
-        return replace_item(batch, self.key, self.normalize(get_item(batch, self.key)))
+        return replace_item(batch, self.key, self.normalize(self._select(batch)))
+
+    def _select(self, batch: Any) -> Any:
+        """Return the part of ``batch`` at ``key``; a missing key names what the batch has."""
+        try:
+            return get_item(batch, self.key)
+        except (KeyError, IndexError, AttributeError, TypeError) as error:
+            kind = type(batch).__name__
+            if isinstance(batch, Mapping):
+                has = f"the batch ({kind}) has keys {sorted(map(str, batch))}; pass one as key="
+            elif isinstance(batch, list | tuple):
+                has = f"the batch ({kind}) has {len(batch)} items"
+            else:
+                has = f"the batch ({kind}) has no key {self.key!r}"
+            msg = f"Normalize(key={self.key!r}) found nothing to normalise: {has}"
+            raise type(error)(msg) from None
 
     def __repr__(self) -> str:
         return (

@@ -10,19 +10,25 @@ ahead of the training loop, so the wrapped loader's own ``state_dict()``
 counts items the loop has not seen; each wrapper therefore records the
 state right after taking each item and reports the state of the last item
 it handed over (:class:`~prefetch._stats.EpochRecord`).
+
+Invariant: a wrapper has ``state_dict``/``load_state_dict`` exactly when the
+loader it wraps can checkpoint; :mod:`prefetch._checkpointing` adds them.
+Here, both names raise :class:`~prefetch.NotStatefulError` saying why.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from prefetch._distributed import distributed_world, warn_if_unsharded
+from prefetch._stateful import NotStatefulError, state_problem
 from prefetch._stats import EpochRecord, LoaderStats
 
 W = TypeVar("W", bound="LoaderWrapper")
 
 
 def is_stateful(loader: Any) -> bool:
-    """Return whether ``loader`` has both ``state_dict()`` and ``load_state_dict()``.
+    """Return whether ``loader`` can checkpoint (see :func:`~prefetch._stateful.state_problem`).
 
     A wrapper of this package is resumable when the loader it wraps is.
 
@@ -31,21 +37,7 @@ def is_stateful(loader: Any) -> bool:
         >>> is_stateful([1, 2]), is_stateful(torch.nn.Linear(1, 1))
         (False, True)
     """
-    if isinstance(loader, LoaderWrapper):
-        return is_stateful(loader.loader)
-    return callable(getattr(loader, "state_dict", None)) and callable(
-        getattr(loader, "load_state_dict", None)
-    )
-
-
-def require_stateful(loader: Any, caller: str) -> None:
-    """Raise ``TypeError`` naming ``caller`` unless ``loader`` is stateful."""
-    if not is_stateful(loader):
-        msg = (
-            f"{caller} needs a loader with state_dict() and load_state_dict() "
-            f"(such as torchdata's StatefulDataLoader); got {type(loader).__name__}"
-        )
-        raise TypeError(msg)
+    return state_problem(loader) is None
 
 
 def set_epoch_on(loader: Any, epoch: int) -> None:
@@ -101,6 +93,16 @@ class LoaderWrapper:
 
     _loader: Any
     _epoch: EpochRecord | None = None
+    _stateful = False  # set by prefetch._checkpointing.adopt_state
+    _state_problem: str | None = None  # why the wrapped loader cannot checkpoint
+    _sharding_checked = False  # looked for a DataLoader that every rank reads whole
+
+    def _check_sharding(self) -> None:
+        """At the first epoch under ``torch.distributed``, warn if this rank reads everything."""
+        if self._sharding_checked or distributed_world() <= 1:
+            return
+        self._sharding_checked = True
+        warn_if_unsharded(self._loader, type(self).__name__)
 
     def _stop_epoch(self, wait: bool) -> None:
         """Stop the current epoch; with ``wait``, until nothing touches the loader."""
@@ -110,43 +112,6 @@ class LoaderWrapper:
     def stats(self) -> LoaderStats:
         """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first)."""
         return self._epoch.stats if self._epoch is not None else LoaderStats()
-
-    def state_dict(self) -> Any:
-        """Return the wrapped loader's state as of the last item you received.
-
-        Items read ahead (by a thread, or in flight on the device) are not
-        counted, so :meth:`load_state_dict` resumes right after the last item
-        your loop saw, through any stack of wrappers.
-
-        Raises:
-            TypeError: If the wrapped loader has no ``state_dict``/``load_state_dict``.
-
-        Example:
-            >>> from torchdata.stateful_dataloader import StatefulDataLoader
-            >>> from prefetch import BackgroundLoader
-            >>> loader = BackgroundLoader(StatefulDataLoader(list(range(6))), depth=4)
-            >>> iterator = iter(loader)
-            >>> [next(iterator).item() for _ in range(2)]
-            [0, 1]
-            >>> state = loader.state_dict()  # the thread may be further ahead: not counted
-            >>> loader.load_state_dict(state)
-            >>> [batch.item() for batch in loader]
-            [2, 3, 4, 5]
-        """
-        require_stateful(self._loader, f"{type(self).__name__}.state_dict()")
-        if self._epoch is None:
-            return self._loader.state_dict()
-        return self._epoch.state
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        """Stop any running epoch and load ``state_dict`` into the wrapped loader.
-
-        The next ``iter()`` resumes from that state.
-        """
-        require_stateful(self._loader, f"{type(self).__name__}.load_state_dict()")
-        self._stop_epoch(wait=True)
-        self._epoch = None
-        self._loader.load_state_dict(state_dict)
 
     def close(self) -> None:
         """Stop the current epoch and release its source; a wrapped wrapper is closed too.
@@ -198,6 +163,14 @@ class LoaderWrapper:
         # Only called when normal lookup fails; never recurse before _loader is set.
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in ("state_dict", "load_state_dict"):
+            # Not forwarded: the wrapped loader cannot checkpoint, so neither can we.
+            msg = (
+                f"{type(self).__name__}.{name}() needs a loader with state_dict() and "
+                f"load_state_dict() (such as torchdata's StatefulDataLoader); "
+                f"{self._state_problem or 'it was not built over one'}"
+            )
+            raise NotStatefulError(msg)
         try:
             loader = object.__getattribute__(self, "_loader")
         except AttributeError:

@@ -638,6 +638,8 @@ def test_public_api_is_explicit() -> None:
         "DeviceIterator",
         "LoaderStats",
         "Normalize",
+        "NotStatefulError",
+        "Stateful",
     }
     for name in prefetch.__all__:
         assert getattr(prefetch, name).__module__.startswith("prefetch._")

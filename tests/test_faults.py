@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch import BackgroundLoader, CudaPrefetcher, NotStatefulError
 from prefetch.compat import BackgroundGenerator
 
 from .helpers_faults import (
@@ -175,7 +175,11 @@ class TestSourceRaisesInProtocol:
     @pytest.mark.timeout(30)
     @pytest.mark.parametrize("fail_pos", [2, 4, 7])
     def test_state_dict_raises_in_the_producer(self, fail_pos: int) -> None:
-        """An error from state_dict() read after an item arrives in that item's place."""
+        """An error from state_dict() read after an item loses that item's state, not the item.
+
+        Every item arrives; asking for the state right after that item raises
+        NotStatefulError chained to the error; one item later the state is back.
+        """
         error = NoSuperError(0, 0)
 
         class BadState(ListSource):
@@ -184,17 +188,20 @@ class TestSourceRaisesInProtocol:
                     raise error
                 return super().state_dict()
 
-        source = BadState(10)
-        loader = BackgroundLoader(source, depth=3)
-        items, raised = drain(iter(loader))
-        # state_dict() after item fail_pos - 1 raised: that item is replaced by the error.
-        assert [index for _, index, _ in items] == list(range(fail_pos - 1))
-        assert raised is error
-        assert loader.state_dict() == {"pos": fail_pos - 1, "epoch": 0}
+        loader = BackgroundLoader(BadState(10), depth=3)
+        iterator = iter(loader)
+        items = [next(iterator) for _ in range(fail_pos)]
+        with pytest.raises(NotStatefulError, match="NoSuperError") as info:
+            loader.state_dict()
+        assert info.value.__cause__ is error
+        items.append(next(iterator))
+        assert loader.state_dict() == {"pos": fail_pos + 1, "epoch": 0}
+        items.extend(iterator)
+        assert [index for _, index, _ in items] == list(range(10))
 
     @pytest.mark.timeout(30)
     def test_state_dict_raises_at_epoch_start(self) -> None:
-        """An error from the start-of-epoch state_dict() is raised by iter(); no thread starts."""
+        """A BaseException from the start-of-epoch state_dict() is raised by iter(); no thread."""
         error = SystemExit(9)
 
         class BadState(ListSource):

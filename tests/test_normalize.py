@@ -147,6 +147,19 @@ class TestErrors:
         with pytest.raises(ValueError, match=r"got shape \(2, 4, 3, 3\)"):
             Normalize(MEAN, STD, key=None)(torch.zeros(2, 4, 3, 3))
 
+    def test_one_channel_is_singular(self) -> None:
+        """A one-channel Normalize on a tensor with too few dims says "1 channel"."""
+        with pytest.raises(ValueError, match=r"with 1 channel at dimension -3, got shape \(4,\)"):
+            Normalize((0.5,), (0.5,), key=None)(torch.zeros(4))
+
+    def test_missing_key_names_what_the_batch_has(self) -> None:
+        """A key the batch lacks is an error of the lookup's kind listing keys or length."""
+        batch = {"pixels": torch.zeros(1, 3, 2, 2), "label": 1}
+        with pytest.raises(KeyError, match=r"key=0\).*keys \['label', 'pixels'\]"):
+            Normalize(MEAN, STD)(batch)
+        with pytest.raises(IndexError, match=r"key=2\).*tuple\) has 1 items"):
+            Normalize(MEAN, STD, key=2)((torch.zeros(1, 3, 2, 2),))
+
     def test_not_a_tensor(self) -> None:
         """A non-tensor at the key is a TypeError naming the key."""
         with pytest.raises(TypeError, match="key 0"):

@@ -1,0 +1,134 @@
+"""``Checkpointing``: ``state_dict``/``load_state_dict``, only where there is state.
+
+A framework checks for ``state_dict``/``load_state_dict`` to decide whether
+to save a loader's state (Lightning does, at every checkpoint, and calls
+them), so a wrapper over a plain ``DataLoader`` must not have them: not as
+methods that raise, which ``hasattr`` (and, from Python 3.12,
+``inspect.getattr_static``) would still find.
+
+Invariants:
+
+* **Twins.** Each wrapper class gets, once, a twin: a subclass with the same
+  name that adds :class:`Checkpointing`. :func:`adopt_state`, called when a
+  wrapper is built, turns it into its twin exactly when
+  :func:`~prefetch._stateful.state_problem` finds the wrapped loader stateful,
+  and sets ``wrapper._stateful`` accordingly.
+* **Demotion is final.** If the wrapped loader's ``state_dict()`` raises when
+  an epoch starts (:func:`read_start_state`), the wrapper goes back to the
+  plain class, with ``_stateful`` false and the reason kept for the error.
+* **Pickling** rebuilds the twin (it is not importable by its name).
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsIndex, cast
+
+from prefetch._stateful import NotStatefulError, StateUnavailable, read_state, state_problem
+from prefetch._wrapper import LoaderWrapper
+
+
+def adopt_state(wrapper: LoaderWrapper) -> bool:
+    """Decide, when ``wrapper`` is built, whether it checkpoints; return the answer."""
+    wrapper._state_problem = state_problem(wrapper._loader)
+    wrapper._stateful = wrapper._state_problem is None
+    if wrapper._stateful and not isinstance(wrapper, Checkpointing):
+        wrapper.__class__ = _stateful_twin(type(wrapper))
+    return wrapper._stateful
+
+
+def read_start_state(wrapper: LoaderWrapper) -> Any:
+    """Read the wrapped loader's state at an epoch start, or ``None`` if not stateful.
+
+    If the read raises, ``wrapper`` turns non-stateful for good (it loses
+    ``state_dict``/``load_state_dict``) and remembers why; iteration goes on.
+    """
+    if not isinstance(wrapper, Checkpointing):
+        return None
+    state = read_state(wrapper._loader)
+    if isinstance(state, StateUnavailable):
+        inner = getattr(wrapper._loader, "_state_problem", None)
+        wrapper._state_problem = inner if isinstance(inner, str) else state.describe()
+        wrapper._stateful = False
+        wrapper.__class__ = cast("type[Checkpointing]", wrapper._twin_of)  # the plain class
+        return None
+    return state
+
+
+class Checkpointing(LoaderWrapper):
+    """The methods a wrapper has only over a loader that can checkpoint.
+
+    A wrapper built over a stateful loader is an instance of its class's twin,
+    which adds these; over any other loader, both names raise
+    :class:`~prefetch.NotStatefulError` (an ``AttributeError``, so ``hasattr``
+    is false) that says why.
+    """
+
+    _twin_of: type[LoaderWrapper]
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        # The twin is not importable by name: pickle the class it twins, rebuild the twin.
+        reduced = super().__reduce_ex__(protocol)
+        assert isinstance(reduced, tuple)  # objects without __reduce__ of their own
+        return (_new_twin, (self._twin_of,), *reduced[2:])
+
+    def state_dict(self) -> Any:
+        """Return the wrapped loader's state as of the last item you received.
+
+        Items read ahead (by a thread, or in flight on the device) are not
+        counted, so :meth:`load_state_dict` resumes right after the last item
+        your loop saw, through any stack of wrappers.
+
+        Raises:
+            NotStatefulError: If the wrapped loader's ``state_dict()`` raised
+                (the error names it and is chained).
+
+        Example:
+            >>> from torchdata.stateful_dataloader import StatefulDataLoader
+            >>> from prefetch import BackgroundLoader
+            >>> loader = BackgroundLoader(StatefulDataLoader(list(range(6))), depth=4)
+            >>> iterator = iter(loader)
+            >>> [next(iterator).item() for _ in range(2)]
+            [0, 1]
+            >>> state = loader.state_dict()  # the thread may be further ahead: not counted
+            >>> loader.load_state_dict(state)
+            >>> [batch.item() for batch in loader]
+            [2, 3, 4, 5]
+        """
+        state = read_state(self._loader) if self._epoch is None else self._epoch.state
+        if isinstance(state, StateUnavailable):
+            msg = f"{type(self).__name__}.state_dict() has no state to give: {state.describe()}"
+            raise NotStatefulError(msg) from state.error
+        return state
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Stop any running epoch and load ``state_dict`` into the wrapped loader.
+
+        The next ``iter()`` resumes from that state.
+        """
+        self._stop_epoch(wait=True)
+        self._epoch = None
+        self._loader.load_state_dict(state_dict)
+
+
+_TWINS: dict[type[LoaderWrapper], type[LoaderWrapper]] = {}
+
+
+def _new_twin(cls: type[LoaderWrapper]) -> LoaderWrapper:
+    """Unpickle a stateful wrapper: an empty instance of ``cls``'s twin."""
+    twin = _stateful_twin(cls)
+    return twin.__new__(twin)
+
+
+def _stateful_twin(cls: type[LoaderWrapper]) -> type[LoaderWrapper]:
+    """Return the subclass of ``cls`` that also is :class:`Checkpointing` (made once)."""
+    twin = _TWINS.get(cls)
+    if twin is None:
+        namespace: dict[str, Any] = {
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "_twin_of": cls,
+        }
+        twin = type(cls.__name__, (cls, Checkpointing), namespace)
+        _TWINS[cls] = twin
+    return twin

@@ -1,0 +1,103 @@
+"""accelerate 1.15 with the real package: prepare, then wrap (issue 11)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from prefetch import BackgroundLoader, CudaPrefetcher, NotStatefulError, Stateful
+
+accelerate = pytest.importorskip("accelerate")
+from accelerate.utils import DataLoaderConfiguration  # noqa: E402
+
+SIZE = 10
+BATCH = 2
+
+WRAPS: dict[str, Callable[[Any], Any]] = {
+    "none": lambda loader: loader,
+    "background": BackgroundLoader,
+    "cuda_over_background": lambda loader: CudaPrefetcher(BackgroundLoader(loader)),
+}
+
+
+@pytest.fixture
+def make_accelerator() -> Iterator[Callable[[bool], Any]]:
+    made: list[Any] = []
+
+    def make(stateful: bool) -> Any:
+        config = DataLoaderConfiguration(use_stateful_dataloader=stateful)
+        made.append(accelerate.Accelerator(cpu=True, dataloader_config=config))
+        return made[-1]
+
+    yield make
+    for accelerator in made:
+        accelerator.free_memory()
+
+
+def batches(loader: Any) -> list[list[int]]:
+    return [batch.tolist() for batch in loader]
+
+
+class TestPrepareThenWrap:
+    @pytest.mark.parametrize("stateful", [False, True])
+    @pytest.mark.parametrize("wrap", sorted(WRAPS))
+    def test_len_set_epoch_and_items_match_the_prepared_loader(
+        self, wrap: str, stateful: bool, make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """A wrapped prepared loader has its len, forwards set_epoch and gives its batches."""
+        accelerator = make_accelerator(stateful)
+        prepared = accelerator.prepare(DataLoader(list(range(SIZE)), batch_size=BATCH))
+        loader = WRAPS[wrap](prepared)
+        assert len(loader) == SIZE // BATCH
+        loader.set_epoch(3)
+        assert prepared.iteration == 3
+        assert batches(loader) == [[i, i + 1] for i in range(0, SIZE, BATCH)]
+        assert batches(loader) == [[i, i + 1] for i in range(0, SIZE, BATCH)]
+
+    @pytest.mark.parametrize("wrap", ["background", "cuda_over_background"])
+    def test_without_stateful_option_the_wrapper_is_not_stateful(
+        self, wrap: str, make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """Without use_stateful_dataloader, the wrapper has no state and says how to get one."""
+        accelerator = make_accelerator(False)
+        loader = WRAPS[wrap](accelerator.prepare(DataLoader(list(range(SIZE)), batch_size=BATCH)))
+        assert not hasattr(loader, "state_dict") and not isinstance(loader, Stateful)
+        with pytest.raises(NotStatefulError, match="use_stateful_dataloader=True"):
+            loader.state_dict()
+
+    @pytest.mark.parametrize("wrap", ["background", "cuda_over_background"])
+    @pytest.mark.parametrize("taken", [0, 2, SIZE // BATCH])
+    def test_resume_with_stateful_option_is_exact(
+        self, wrap: str, taken: int, make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """With use_stateful_dataloader, a state after n batches resumes at batch n + 1."""
+        accelerator = make_accelerator(True)
+
+        def make() -> Any:
+            loader = DataLoader(list(range(SIZE)), batch_size=BATCH)
+            return WRAPS[wrap](accelerator.prepare(loader))
+
+        loader = make()
+        assert isinstance(loader, Stateful)
+        iterator = iter(loader)
+        seen = [next(iterator).tolist() for _ in range(taken)]
+        state = loader.state_dict()
+        rest = [batch.tolist() for batch in iterator]
+        resumed = make()
+        resumed.load_state_dict(state)
+        if taken < SIZE // BATCH:
+            assert seen + batches(resumed) == seen + rest == batches(make())
+        assert torch.tensor(seen + rest).flatten().tolist() == list(range(SIZE))
+
+
+class TestWrapThenPrepare:
+    def test_prepare_returns_a_wrapper_untouched(
+        self, make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """prepare() on a wrapper returns the same object: the documented reason to wrap last."""
+        loader = BackgroundLoader(DataLoader(list(range(SIZE)), batch_size=BATCH))
+        assert make_accelerator(False).prepare(loader) is loader
