@@ -14,6 +14,8 @@ it handed over (:class:`~prefetch._stats.EpochRecord`).
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from prefetch._stats import EpochRecord, LoaderStats
@@ -35,6 +37,43 @@ def is_stateful(loader: Any) -> bool:
         return is_stateful(loader.loader)
     return callable(getattr(loader, "state_dict", None)) and callable(
         getattr(loader, "load_state_dict", None)
+    )
+
+
+def one_iterator_reason(loader: Any) -> str | None:
+    """Return why ``loader`` cannot run two epochs at once, or ``None`` if it can.
+
+    A one-shot iterator (``iter()`` returns itself) has one position, and a
+    ``DataLoader`` with ``persistent_workers=True`` resets its one iterator at
+    every ``iter()``; through any stack of wrappers.
+
+    Example:
+        >>> one_iterator_reason([1, 2]) is None
+        True
+        >>> one_iterator_reason(iter([1, 2]))
+        'it wraps a one-shot list_iterator, whose iter() returns itself'
+    """
+    if isinstance(loader, LoaderWrapper):
+        return one_iterator_reason(loader.loader)
+    if isinstance(loader, Iterator):
+        return f"it wraps a one-shot {type(loader).__name__}, whose iter() returns itself"
+    workers = getattr(loader, "num_workers", 0)
+    if getattr(loader, "persistent_workers", False) is True and isinstance(workers, int) and workers > 0:
+        return (
+            f"it wraps a {type(loader).__name__} with persistent_workers=True, "
+            "which resets its one iterator at every iter()"
+        )
+    return None
+
+
+def warn_consumed(wrapper: str, loader: Any) -> None:
+    """Warn that a later epoch over the one-shot ``loader`` is empty (stacklevel: the loop)."""
+    warnings.warn(
+        f"{wrapper}: this epoch is empty: the one-shot {type(loader).__name__} it "
+        "wraps was consumed by an earlier epoch; wrap a re-iterable loader (a list, "
+        "a DataLoader) to run several epochs",
+        UserWarning,
+        stacklevel=4,
     )
 
 
@@ -108,7 +147,11 @@ class LoaderWrapper:
 
     @property
     def stats(self) -> LoaderStats:
-        """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first)."""
+        """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first).
+
+        With several iterators open at once, the latest is the one the most
+        recent ``iter()`` returned; each iterator's own ``stats`` is its epoch's.
+        """
         return self._epoch.stats if self._epoch is not None else LoaderStats()
 
     def state_dict(self) -> Any:
@@ -116,7 +159,11 @@ class LoaderWrapper:
 
         Items read ahead (by a thread, or in flight on the device) are not
         counted, so :meth:`load_state_dict` resumes right after the last item
-        your loop saw, through any stack of wrappers.
+        your loop saw, through any stack of wrappers. Once the epoch has
+        ended (``StopIteration``), it is the loader's state after its end,
+        which resumes into the next full epoch, as the unwrapped loader's
+        does. With several iterators open at once, it is the state of the
+        one the most recent ``iter()`` returned.
 
         Raises:
             TypeError: If the wrapped loader has no ``state_dict``/``load_state_dict``.
@@ -139,7 +186,7 @@ class LoaderWrapper:
         return self._epoch.state
 
     def load_state_dict(self, state_dict: Any) -> None:
-        """Stop any running epoch and load ``state_dict`` into the wrapped loader.
+        """Stop every running epoch and load ``state_dict`` into the wrapped loader.
 
         The next ``iter()`` resumes from that state.
         """
@@ -149,7 +196,7 @@ class LoaderWrapper:
         self._loader.load_state_dict(state_dict)
 
     def close(self) -> None:
-        """Stop the current epoch and release its source; a wrapped wrapper is closed too.
+        """Stop every open epoch and release its source; a wrapped wrapper is closed too.
 
         Returns promptly even if a thread is stuck inside the source; the
         wrapper stays usable, and the next ``iter()`` starts a fresh epoch.
@@ -169,10 +216,7 @@ class LoaderWrapper:
         try:
             return len(self._loader)
         except TypeError:
-            msg = (
-                f"{type(self).__name__} has no len(): the wrapped loader "
-                f"{type(self._loader).__name__!r} defines no __len__"
-            )
+            msg = f"{type(self).__name__} has no len(): {_why_unsized(self._loader)}"
             raise TypeError(msg) from None
 
     def set_epoch(self, epoch: int) -> None:
@@ -210,3 +254,29 @@ class LoaderWrapper:
                 f"and neither has the wrapped {type(loader).__name__!r}"
             )
             raise AttributeError(msg) from None
+
+
+def _why_unsized(loader: Any) -> str:
+    """Say which object in ``loader`` lacks a length (the dataset of a DataLoader)."""
+    if isinstance(loader, LoaderWrapper):
+        return _why_unsized(loader.loader)
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None and not hasattr(type(dataset), "__len__"):
+        return (
+            f"the dataset {type(dataset).__name__!r} of the wrapped "
+            f"{type(loader).__name__!r} defines no __len__"
+        )
+    return f"the wrapped loader {type(loader).__name__!r} defines no __len__"
+
+
+def short_repr(loader: Any, limit: int = 60) -> str:
+    """Return ``repr(loader)`` if short, else ``<TypeName object>``: never cut mid-token.
+
+    Example:
+        >>> short_repr([1, 2]), short_repr(list(range(100)))
+        ('[1, 2]', '<list object>')
+    """
+    if isinstance(loader, LoaderWrapper):
+        return repr(loader)
+    text = repr(loader)
+    return text if len(text) <= limit else f"<{type(loader).__name__} object>"
