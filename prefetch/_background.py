@@ -198,10 +198,10 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     def _warn_if_consumed(self, loader: Iterable[T]) -> None:
         channel = self._last_channel
-        if isinstance(loader, Iterator) and channel is not None and channel.source_ended:
-            if not self._warned_consumed:
-                self._warned_consumed = True
-                warn_consumed(type(self).__name__, loader)
+        used_up = channel is not None and channel.source_ended
+        if used_up and isinstance(loader, Iterator) and not self._warned_consumed:
+            self._warned_consumed = True
+            warn_consumed(type(self).__name__, loader)
 
     def _thread_setup(self) -> Callable[[], None] | None:
         device = current_device_index() if self._pin_memory else None

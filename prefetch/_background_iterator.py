@@ -8,6 +8,8 @@ the epoch ends, on ``close()``, or when the iterator is collected.
 
 Invariants:
 
+* Only the latest epoch reports to the depth policy; an older one still
+  open keeps the depth it had.
 * An ``Exception`` the source raised (``RAISED``) is re-raised and the epoch
   goes on: the next ``next()`` returns what the source gave after it. A final
   error (``ERROR``) or the end stops the thread first.
@@ -175,6 +177,9 @@ class BackgroundIterator(Iterator[T]):
 
     def _adapt(self) -> None:
         """Report the hand-offs since the last report to the policy; apply its decision."""
+        if not self._policy.drives(self._epoch.stats):  # type: ignore[union-attr]
+            self._policy = None  # a newer iter() adapts it now; this epoch keeps its depth
+            return
         channel = self._channel
         now = time.perf_counter()
         fewest, count = self._fewest, self._pending

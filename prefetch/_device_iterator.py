@@ -15,9 +15,12 @@ Invariants:
   a loop that catches the error would ask it (a DataLoader iterator goes on,
   a generator that raised is finished). A ``BaseException`` from the source
   ends the epoch and releases the source first.
-* No frame that raises an error holds the iterator or its source, and a
-  finalizer releases the source when the iterator is collected, so an error
-  kept alive by its caller does not keep DataLoader workers alive.
+* No frame of this module holds the iterator once it has finished: a
+  traceback keeps every frame it passes through *and their callers*
+  (``f_back``), so ``__next__``, ``_fill`` and ``_load_one`` delete ``self``
+  (and the source) on every way out. A finalizer releases the source when the
+  iterator is collected, so an error kept alive by its caller does not keep
+  the iterator, nor DataLoader workers, alive.
 * After ``StopIteration`` the source's state is read once more and becomes
   the epoch's state when the loop reaches the end.
 """
@@ -126,7 +129,7 @@ class DeviceIterator(Iterator[T]):
                 try:
                     raise error
                 finally:
-                    del error, self  # the traceback keeps this frame: not the iterator
+                    del error
             if entry.event is not None:
                 # Queue the copies of the next `depth` batches before handing this
                 # one over, so they overlap its compute. The batch stays first in
@@ -139,10 +142,14 @@ class DeviceIterator(Iterator[T]):
             return entry.batch  # type: ignore[no-any-return]
         finally:
             stats.wait_seconds += time.perf_counter() - started
+            del self  # a traceback may keep this frame (see the module invariants)
 
     def _fill(self, count: int) -> None:
-        while self._source is not None and len(self._pending) < count:
-            self._load_one(self._source)
+        try:
+            while self._source is not None and len(self._pending) < count:
+                self._load_one(self._source)
+        finally:
+            del self  # a traceback may keep this frame (see the module invariants)
 
     def _load_one(self, source: Iterator[Any]) -> None:
         stats = self._epoch.stats
@@ -167,7 +174,8 @@ class DeviceIterator(Iterator[T]):
             if final:
                 self._release()
             self._pending.append(Failure(error, final))  # at its position, never dropped
-            del self, source  # the error's traceback keeps this frame
+        finally:
+            del self, source  # a traceback may keep this frame (see the module invariants)
 
     def _release(self) -> None:
         self._source = None

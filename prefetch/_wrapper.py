@@ -14,6 +14,8 @@ it handed over (:class:`~prefetch._stats.EpochRecord`).
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -58,7 +60,8 @@ def one_iterator_reason(loader: Any) -> str | None:
     if isinstance(loader, Iterator):
         return f"it wraps a one-shot {type(loader).__name__}, whose iter() returns itself"
     workers = getattr(loader, "num_workers", 0)
-    if getattr(loader, "persistent_workers", False) is True and isinstance(workers, int) and workers > 0:
+    persistent = getattr(loader, "persistent_workers", False) is True
+    if persistent and isinstance(workers, int) and workers > 0:
         return (
             f"it wraps a {type(loader).__name__} with persistent_workers=True, "
             "which resets its one iterator at every iter()"
@@ -67,14 +70,24 @@ def one_iterator_reason(loader: Any) -> str | None:
 
 
 def warn_consumed(wrapper: str, loader: Any) -> None:
-    """Warn that a later epoch over the one-shot ``loader`` is empty (stacklevel: the loop)."""
+    """Warn that a later epoch over the one-shot ``loader`` is empty, at the caller's line."""
     warnings.warn(
         f"{wrapper}: this epoch is empty: the one-shot {type(loader).__name__} it "
         "wraps was consumed by an earlier epoch; wrap a re-iterable loader (a list, "
         "a DataLoader) to run several epochs",
         UserWarning,
-        stacklevel=4,
+        stacklevel=_outside_this_package(),
     )
+
+
+def _outside_this_package() -> int:
+    """The ``stacklevel`` of the first caller outside this package (through any stack)."""
+    package = os.path.dirname(__file__)
+    frame = sys._getframe(2)  # the caller of the function that asks
+    level = 2
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == package:
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
 
 
 def require_stateful(loader: Any, caller: str) -> None:
