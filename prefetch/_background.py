@@ -142,7 +142,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     @property
     def depth(self) -> int:
-        """Items produced ahead and not yet consumed, at most: now, if adaptive."""
+        """The most items produced ahead and not yet consumed (now, if adaptive)."""
         return self._policy.depth if self._policy is not None else self._depth  # type: ignore[return-value]
 
     @property
@@ -152,7 +152,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     @property
     def max_depth(self) -> int:
-        """The most items ever buffered: the ceiling of an adaptive depth, or the fixed depth."""
+        """The most items ever buffered (an adaptive depth's ceiling, or the fixed depth)."""
         return self._policy.maximum if self._policy is not None else self._depth  # type: ignore[return-value]
 
     @property
