@@ -50,8 +50,9 @@ class BackgroundIterator(Iterator[T]):
     """One epoch of a :class:`BackgroundLoader`: the consumer end of the thread.
 
     Created by ``iter(background_loader)``; you rarely name it. It stops its
-    thread when exhausted, on an error, on :meth:`close`, at the end of a
-    ``with`` block and when garbage-collected.
+    thread at the end of the data, on a ``BaseException`` from the source
+    (an ``Exception`` is re-raised and the epoch goes on), on :meth:`close`,
+    at the end of a ``with`` block and when garbage-collected.
 
     Example:
         >>> from prefetch import BackgroundLoader

@@ -52,7 +52,10 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
     with ``.to()``); every tensor leaf arrives on ``device``, ready to use on
     your current stream. One side stream is created per prefetcher and reused
     every epoch, so memory stays flat. ``len``, ``set_epoch`` and attributes
-    such as ``dataset`` pass through.
+    such as ``dataset`` pass through. Errors, several iterators and
+    checkpoints behave as for :class:`~prefetch.BackgroundLoader`: an
+    exception from the loader arrives at its batch and the epoch goes on as
+    far as the loader does.
 
     Without an accelerator (``device=None`` on a CPU machine, or
     ``device="cpu"``) batches pass through unchanged except for
