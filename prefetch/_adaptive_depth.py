@@ -136,6 +136,10 @@ class DepthPolicy:
         self._window = 0
         self._held: set[str] = set()
 
+    def drives(self, stats: LoaderStats) -> bool:
+        """Whether ``stats`` belong to the epoch this policy adapts (the latest one)."""
+        return self._stats is stats
+
     def start_epoch(self, stats: LoaderStats) -> None:
         """Begin an epoch whose stats receive the depth and its changes."""
         self._stats = stats

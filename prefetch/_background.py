@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Generic, Literal, TypeVar
 
@@ -32,7 +32,12 @@ from prefetch._checkpointing import adopt_state, read_start_state
 from prefetch._pinning import accelerator_available, current_device_index, pin_batch, select_device
 from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
-from prefetch._wrapper import LoaderWrapper
+from prefetch._wrapper import (
+    LoaderWrapper,
+    one_iterator_reason,
+    short_repr,
+    warn_consumed,
+)
 
 T = TypeVar("T")
 
@@ -44,8 +49,20 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
     (DataLoader workers start from the main thread), then a daemon thread
     named ``prefetch-N`` keeps up to ``depth`` items ready. Items arrive in
     order, ``None`` included; an exception raised by the loader arrives as
-    the same object after every item before it. Breaking out of the loop,
-    :meth:`close`, a ``with`` block or garbage collection stop the thread.
+    the same object after every item before it, and the epoch goes on as far
+    as the loader's own iterator does (a ``DataLoader`` continues with the
+    next batch; a generator that raised is finished). Breaking out of the
+    loop, :meth:`close`, a ``with`` block or garbage collection stop the
+    thread; an open iterator keeps reading ahead from the loader until then.
+
+    Each ``iter()`` stands on its own where the loader allows it, so
+    ``zip(loader, loader)`` and nested loops behave as over the loader
+    itself. A one-shot iterator, or a ``DataLoader`` with
+    ``persistent_workers=True``, has only one position: a new ``iter()``
+    stops the older iterator, whose next ``next()`` raises ``RuntimeError``
+    saying why. A later epoch over a one-shot source that an earlier epoch
+    used up warns once. ``stats`` and :meth:`state_dict` describe the most
+    recent ``iter()``.
     ``len``, ``set_epoch``, ``dataset``, ``sampler`` and ``batch_size`` pass
     through, so it drops into an existing training loop.
 
@@ -123,12 +140,14 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._pin_device: int | None = None  # None: the caller's current device at iter()
         self._stateful = adopt_state(self)
         self._epoch = None
-        self._current: weakref.ref[BackgroundIterator[T]] | None = None
-        self._producer: tuple[threading.Thread, Channel] | None = None
+        # Every epoch whose thread may still run: (iterator, thread, channel).
+        self._live: list[tuple[weakref.ref[BackgroundIterator[T]], threading.Thread, Channel]] = []
+        self._last_channel: Channel | None = None
+        self._warned_consumed = False
 
     @property
     def depth(self) -> int:
-        """Items produced ahead and not yet consumed, at most: now, if adaptive."""
+        """The most items produced ahead and not yet consumed (now, if adaptive)."""
         return self._policy.depth if self._policy is not None else self._depth  # type: ignore[return-value]
 
     @property
@@ -138,7 +157,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     @property
     def max_depth(self) -> int:
-        """The most items ever buffered: the ceiling of an adaptive depth, or the fixed depth."""
+        """The most items ever buffered (an adaptive depth's ceiling, or the fixed depth)."""
         return self._policy.maximum if self._policy is not None else self._depth  # type: ignore[return-value]
 
     @property
@@ -152,9 +171,17 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         return self._pin_memory
 
     def __iter__(self) -> BackgroundIterator[T]:
-        self._stop_epoch(wait=True)
         self._check_sharding()
         loader = self._loader
+        reason = one_iterator_reason(loader)
+        if reason is not None:
+            # Before iter(loader): persistent workers reset the iterator an older
+            # thread may still be reading.
+            why = f"a newer iter() of this {type(self).__name__} stopped it: {reason}"
+            self._stop_epoch(wait=True, reason=why)
+            self._warn_if_consumed(loader)
+        else:
+            self._join_abandoned()
         source = iter(loader)
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
         # this state, not the finished previous one. The thread has not started yet.
@@ -171,13 +198,20 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             max_bytes=self._max_bytes,
             policy=self._policy,
         )
-        self._current = weakref.ref(iterator)
-        self._producer = (iterator._thread, iterator._channel)
+        self._live.append((weakref.ref(iterator), iterator._thread, iterator._channel))
+        self._last_channel = iterator._channel
         return iterator
 
     def _pin_for(self, device: torch.device) -> None:
         """Pin for ``device`` (a CudaPrefetcher on top names it): the thread selects it."""
         self._pin_device = device.index
+
+    def _warn_if_consumed(self, loader: Iterable[T]) -> None:
+        channel = self._last_channel
+        used_up = channel is not None and channel.source_ended
+        if used_up and isinstance(loader, Iterator) and not self._warned_consumed:
+            self._warned_consumed = True
+            warn_consumed(type(self).__name__, loader)
 
     def _thread_setup(self) -> Callable[[], None] | None:
         device = None
@@ -194,24 +228,40 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
         return setup
 
-    def _stop_epoch(self, wait: bool) -> None:
-        # The iterator may already be garbage while its thread is still inside the
-        # source, so the thread is stopped and joined through (thread, channel).
-        current = self._current() if self._current is not None else None
-        producer, self._producer, self._current = self._producer, None, None
-        if producer is None:
-            return
-        thread, channel = producer
-        if current is not None:
-            current.close()  # stops and joins the thread (bounded), drops its items
-        else:
-            request_stop(channel)
-            thread_worker.join_producer(
-                thread, channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
-            )
-        while wait and thread.is_alive():  # e.g. before persistent workers are reset
-            thread.join(0.1)
+    def _stop_epoch(self, wait: bool, reason: str | None = None) -> None:
+        """Stop every open epoch; with ``reason``, their next ``next()`` says why."""
+        live, self._live = self._live, []
+        for ref, thread, channel in live:
+            # The iterator may already be garbage while its thread is still inside
+            # the source, so the thread is stopped and joined through the channel.
+            current = ref()
+            if current is not None and reason is not None:
+                current.invalidate(reason)  # stops and joins the thread (bounded)
+            elif current is not None:
+                current.close()
+            else:
+                request_stop(channel)
+                thread_worker.join_producer(
+                    thread, channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
+                )
+            del current
+            while wait and thread.is_alive():  # e.g. before persistent workers are reset
+                thread.join(0.1)
+
+    def _join_abandoned(self) -> None:
+        """Forget ended epochs; stop and join those whose iterator was dropped."""
+        kept = []
+        for entry in self._live:
+            ref, thread, channel = entry
+            if ref() is not None:
+                kept.append(entry)
+            elif thread.is_alive():
+                request_stop(channel)
+                thread_worker.join_producer(
+                    thread, channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
+                )
+        self._live = kept
 
     def __repr__(self) -> str:
         depth = "'auto'" if self._policy is not None else self._depth
-        return f"BackgroundLoader({self._loader!r:.60}, depth={depth})"
+        return f"BackgroundLoader({short_repr(self._loader)}, depth={depth})"

@@ -5,6 +5,20 @@ items off the channel, waits (timed, checking the thread is alive) when none
 is ready, keeps the epoch's stats and checkpoint state, reports each hand-off
 to an adaptive depth policy if there is one, and shuts the thread down when
 the epoch ends, on ``close()``, or when the iterator is collected.
+
+Invariants:
+
+* Only the latest epoch reports to the depth policy; an older one still
+  open keeps the depth it had.
+* An ``Exception`` the source raised (``RAISED``) is re-raised and the epoch
+  goes on: the next ``next()`` returns what the source gave after it. A final
+  error (``ERROR``) or the end stops the thread first.
+* The frame that re-raises an error does not hold the iterator (``self`` is
+  deleted before the error leaves), so an error kept alive by its caller
+  does not keep the iterator, its thread or its source's workers alive.
+* An iterator another epoch had to stop (:meth:`BackgroundIterator.invalidate`)
+  raises ``RuntimeError`` saying why on its next ``next()``, then
+  ``StopIteration``: it never ends silently.
 """
 
 from __future__ import annotations
@@ -19,7 +33,7 @@ from torch.autograd import profiler
 
 from prefetch import _thread_worker as thread_worker
 from prefetch._adaptive_depth import DepthPolicy
-from prefetch._channel import END, ITEM, POLL_SECONDS, Channel, Message, request_stop
+from prefetch._channel import END, ITEM, POLL_SECONDS, RAISED, Channel, Message, request_stop
 from prefetch._stats import EpochRecord, LoaderStats
 
 T = TypeVar("T")
@@ -36,8 +50,9 @@ class BackgroundIterator(Iterator[T]):
     """One epoch of a :class:`BackgroundLoader`: the consumer end of the thread.
 
     Created by ``iter(background_loader)``; you rarely name it. It stops its
-    thread when exhausted, on an error, on :meth:`close`, at the end of a
-    ``with`` block and when garbage-collected.
+    thread at the end of the data, on a ``BaseException`` from the source
+    (an ``Exception`` is re-raised and the epoch goes on), on :meth:`close`,
+    at the end of a ``with`` block and when garbage-collected.
 
     Example:
         >>> from prefetch import BackgroundLoader
@@ -77,6 +92,8 @@ class BackgroundIterator(Iterator[T]):
         self._pending = 0  # hand-offs since then
         self._fewest = 0  # the fewest items ready among them (0: report the first at once)
         self._done = False
+        self._invalid: str | None = None  # why another epoch stopped this one
+        self._keeps_state = read_state is not None
         self._source_error_id: int | None = None
         self._finalizer = weakref.finalize(self, request_stop, self._channel)
         self._finalizer.atexit = False
@@ -103,6 +120,9 @@ class BackgroundIterator(Iterator[T]):
 
     def __next__(self) -> T:
         if self._done:
+            reason, self._invalid = self._invalid, None
+            if reason is not None:
+                raise RuntimeError(reason)
             raise StopIteration
         messages = self._channel.messages
         ready = len(messages)
@@ -124,14 +144,29 @@ class BackgroundIterator(Iterator[T]):
                 if self._fewest <= 1 or self._pending >= REPORT_EVERY:
                     self._adapt()
             return payload  # type: ignore[no-any-return]
-        self._finish()
-        if kind == END:
-            raise StopIteration
-        self._source_error_id = id(payload)
+        if kind == RAISED:  # the source goes on after it
+            self._channel.release_slot(0)
+        else:
+            self._finish()
+            if kind == END:
+                if self._keeps_state:
+                    self._epoch.state = state  # read after StopIteration: the next epoch
+                raise StopIteration
+            self._source_error_id = id(payload)
         try:
             raise payload
         finally:
-            del payload
+            del payload, self  # the traceback keeps this frame: not the iterator
+
+    def invalidate(self, reason: str) -> None:
+        """Stop this epoch because a newer one cannot run beside it.
+
+        The next ``next()`` raises ``RuntimeError(reason)``, later ones
+        ``StopIteration``. Nothing happens if the epoch is already over.
+        """
+        if not self._done:
+            self._invalid = reason
+        self._finish()
 
     def raised_by_source(self, error: BaseException) -> bool:
         """Return whether ``error`` is the source's error this iterator re-raised.
@@ -143,6 +178,9 @@ class BackgroundIterator(Iterator[T]):
 
     def _adapt(self) -> None:
         """Report the hand-offs since the last report to the policy; apply its decision."""
+        if not self._policy.drives(self._epoch.stats):  # type: ignore[union-attr]
+            self._policy = None  # a newer iter() adapts it now; this epoch keeps its depth
+            return
         channel = self._channel
         now = time.perf_counter()
         fewest, count = self._fewest, self._pending

@@ -6,9 +6,16 @@ end is :mod:`prefetch._background_iterator`.
 Invariants (every change here must keep them):
 
 * **Tagged messages.** The producer appends ``(ITEM, item, state, nbytes)``,
-  ``(ERROR, exception, None, 0)`` or ``(END, None, None, 0)`` to
-  :attr:`Channel.messages`; ``None`` is an ordinary item. After ``ERROR`` or
-  ``END`` it appends nothing more.
+  ``(RAISED, exception, None, 0)``, ``(ERROR, exception, None, 0)`` or
+  ``(END, None, state, 0)`` to :attr:`Channel.messages`; ``None`` is an
+  ordinary item. ``RAISED`` is an ``Exception`` the source raised and the
+  epoch goes on (the source decides whether it has more); ``ERROR`` (a
+  ``BaseException`` from the source, or our own failure) and ``END`` are
+  final: after them it appends nothing more. ``END`` carries the source's
+  state read after its ``StopIteration``.
+* **Every message but the last takes a slot.** ``ITEM`` and ``RAISED`` each
+  count one in ``produced``; the consumer releases the slot when it takes
+  either.
 * **Exact depth.** The producer counts a slot in ``produced`` *before* it
   calls ``next(source)`` and never takes a slot while ``produced - consumed
   >= depth``; the consumer counts ``consumed`` after it takes an item. So
@@ -38,8 +45,8 @@ from typing import Any
 
 from prefetch._stats import LoaderStats
 
-ITEM, ERROR, END = 0, 1, 2
-"""Message tags."""
+ITEM, ERROR, END, RAISED = 0, 1, 2, 3
+"""Message tags (see the module invariants)."""
 
 POLL_SECONDS = 0.1
 """How often a blocked side re-checks that the other side is still there."""
@@ -74,6 +81,7 @@ class Channel:
         "produced",
         "produced_bytes",
         "producer_waiting",
+        "source_ended",
         "space_ready",
         "stats",
         "stop",
@@ -94,6 +102,7 @@ class Channel:
         self.producer_waiting = False
         self.consumer_waiting = False
         self.in_source = False
+        self.source_ended = False  # producer only: the source raised StopIteration
         self.stats = stats
         self.stop = threading.Event()
         self.data_ready: SimpleQueue[None] = SimpleQueue()

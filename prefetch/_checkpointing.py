@@ -76,7 +76,11 @@ class Checkpointing(LoaderWrapper):
 
         Items read ahead (by a thread, or in flight on the device) are not
         counted, so :meth:`load_state_dict` resumes right after the last item
-        your loop saw, through any stack of wrappers.
+        your loop saw, through any stack of wrappers. Once the epoch has
+        ended (``StopIteration``), it is the loader's state after its end,
+        which resumes into the next full epoch, as the unwrapped loader's
+        does. With several iterators open at once, it is the state of the
+        one the most recent ``iter()`` returned.
 
         Raises:
             NotStatefulError: If the wrapped loader's ``state_dict()`` raised
@@ -101,7 +105,7 @@ class Checkpointing(LoaderWrapper):
         return state
 
     def load_state_dict(self, state_dict: Any) -> None:
-        """Stop any running epoch and load ``state_dict`` into the wrapped loader.
+        """Stop every running epoch and load ``state_dict`` into the wrapped loader.
 
         The next ``iter()`` resumes from that state.
         """

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import torch
@@ -48,7 +48,12 @@ from prefetch._device_ops import has_opaque_leaves
 from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
 from prefetch._structure import iter_tensors
-from prefetch._wrapper import LoaderWrapper
+from prefetch._wrapper import (
+    LoaderWrapper,
+    one_iterator_reason,
+    short_repr,
+    warn_consumed,
+)
 
 T = TypeVar("T")
 Lifetime = Literal["fence", "record_stream"]
@@ -71,7 +76,10 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
     with ``.to()``); every tensor leaf arrives on ``device``, ready to use on
     your current stream. One side stream is created per prefetcher and reused
     every epoch, so memory stays flat. ``len``, ``set_epoch`` and attributes
-    such as ``dataset`` pass through.
+    such as ``dataset`` pass through. Errors, several iterators and
+    checkpoints behave as for :class:`~prefetch.BackgroundLoader`: an
+    exception from the loader arrives at its batch and the epoch goes on as
+    far as the loader does.
 
     Without an accelerator (``device=None`` on a CPU machine, or
     ``device="cpu"``) batches pass through unchanged except for
@@ -133,7 +141,9 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             loader._pin_for(self._device)  # its thread pins for this device, not the caller's
         self._stateful = adopt_state(self)
         self._epoch = None
-        self._current: weakref.ref[DeviceIterator[T]] | None = None
+        self._live: list[weakref.ref[DeviceIterator[T]]] = []  # epochs that may be open
+        self._source_ended = False  # set by an epoch whose source raised StopIteration
+        self._warned = False
 
     @property
     def device(self) -> torch.device:
@@ -151,8 +161,16 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         return self._depth
 
     def __iter__(self) -> DeviceIterator[T]:
-        self.close()
         self._check_sharding()
+        reason = one_iterator_reason(self._loader)
+        if reason is not None:
+            why = f"a newer iter() of this CudaPrefetcher stopped it: {reason}"
+            self._stop_epoch(wait=True, reason=why)
+            if self._source_ended and isinstance(self._loader, Iterator) and not self._warned:
+                self._warned = True
+                warn_consumed(type(self).__name__, self._loader)
+        else:
+            self._live = [ref for ref in self._live if ref() is not None]
         source = iter(self._loader)
         if self._ops is not None and self._ops.has_streams and self._stream is None:
             self._stream = self._ops.new_stream()
@@ -160,7 +178,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         iterator: DeviceIterator[T] = DeviceIterator(
             self, source, self._epoch, owned=source is not self._loader
         )
-        self._current = weakref.ref(iterator)
+        self._live.append(weakref.ref(iterator))
         return iterator
 
     def _read_state(self) -> Any:
@@ -240,14 +258,15 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
             stacklevel=4,
         )
 
-    def _stop_epoch(self, wait: bool) -> None:
+    def _stop_epoch(self, wait: bool, reason: str | None = None) -> None:
         # No thread of its own: dropping the batches in flight and closing the
         # source is immediate. A wrapped BackgroundLoader waits for its thread
         # itself, in its own load_state_dict() or iter().
-        current = self._current() if self._current is not None else None
-        self._current = None
-        if current is not None:
-            current.close()
+        live, self._live = self._live, []
+        for ref in live:
+            current = ref()
+            if current is not None:
+                current.invalidate(reason) if reason is not None else current.close()
 
     def __repr__(self) -> str:
-        return f"CudaPrefetcher({self._loader!r:.60}, device={str(self._device)!r})"
+        return f"CudaPrefetcher({short_repr(self._loader)}, device={str(self._device)!r})"

@@ -8,11 +8,27 @@ An error from the source or the transform waits in the queue at its
 position, so every batch before it is delivered first. A ``KeyboardInterrupt``
 raised on this thread while it refills (Ctrl-C, not the source's own) is
 raised at once, with the queue left intact.
+
+Invariants:
+
+* After an ``Exception`` the epoch goes on: the source is asked for more, as
+  a loop that catches the error would ask it (a DataLoader iterator goes on,
+  a generator that raised is finished). A ``BaseException`` from the source
+  ends the epoch and releases the source first.
+* No frame of this module holds the iterator once it has finished: a
+  traceback keeps every frame it passes through *and their callers*
+  (``f_back``), so ``__next__``, ``_fill`` and ``_load_one`` delete ``self``
+  (and the source) on every way out. A finalizer releases the source when the
+  iterator is collected, so an error kept alive by its caller does not keep
+  the iterator, nor DataLoader workers, alive.
+* After ``StopIteration`` the source's state is read once more and becomes
+  the epoch's state when the loop reaches the end.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -39,6 +55,7 @@ class Failure(NamedTuple):
     """An exception that stands in the queue at the position it was raised."""
 
     error: BaseException
+    final: bool  # the epoch ends with it (a BaseException from the source)
 
 
 def _raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
@@ -70,9 +87,13 @@ class DeviceIterator(Iterator[T]):
     ) -> None:
         self._owner = owner
         self._source: Iterator[Any] | None = source
-        self._owned = owned
         self._epoch = epoch
         self._pending: deque[InFlight | Failure] = deque()
+        self._ended = False  # the source raised StopIteration
+        self._end_state: Any = None
+        self._invalid: str | None = None  # why a newer epoch stopped this one
+        self._releaser = weakref.finalize(self, release_source, source, owned)
+        self._releaser.atexit = False
 
     @property
     def stats(self) -> LoaderStats:
@@ -83,20 +104,32 @@ class DeviceIterator(Iterator[T]):
         return self
 
     def __next__(self) -> T:
+        if self._invalid is not None:
+            reason, self._invalid = self._invalid, None
+            raise RuntimeError(reason)
+        stats = self._epoch.stats
         started = time.perf_counter()
         try:
             self._fill(1)
             if not self._pending:
+                if self._ended:
+                    self._ended = False
+                    if self._owner._stateful:
+                        self._epoch.state = self._end_state  # the next epoch
                 self._finish()
                 raise StopIteration
             entry = self._pending[0]
             if isinstance(entry, Failure):
-                self._finish()
+                if entry.final:
+                    self._finish()
+                else:
+                    self._pending.popleft()
                 error = entry.error
+                del entry
                 try:
                     raise error
                 finally:
-                    del error, entry
+                    del error
             if entry.event is not None:
                 # Queue the copies of the next `depth` batches before handing this
                 # one over, so they overlap its compute. The batch stays first in
@@ -105,14 +138,18 @@ class DeviceIterator(Iterator[T]):
                 self._owner._hand_over(entry.batch, entry.event)
             self._pending.popleft()
             self._epoch.state = entry.state
-            self._epoch.stats.items += 1
+            stats.items += 1
             return entry.batch  # type: ignore[no-any-return]
         finally:
-            self._epoch.stats.wait_seconds += time.perf_counter() - started
+            stats.wait_seconds += time.perf_counter() - started
+            del self  # a traceback may keep this frame (see the module invariants)
 
     def _fill(self, count: int) -> None:
-        while self._source is not None and len(self._pending) < count:
-            self._load_one(self._source)
+        try:
+            while self._source is not None and len(self._pending) < count:
+                self._load_one(self._source)
+        finally:
+            del self  # a traceback may keep this frame (see the module invariants)
 
     def _load_one(self, source: Iterator[Any]) -> None:
         stats = self._epoch.stats
@@ -126,17 +163,33 @@ class DeviceIterator(Iterator[T]):
             batch, event = self._owner._to_device(host)
             self._pending.append(InFlight(batch, event, state))
         except StopIteration:
+            self._end_state = self._owner._read_state()
+            self._ended = True
+            self._owner._source_ended = True
             self._release()
         except BaseException as error:
-            if not (isinstance(error, Exception) or _raised_by_source(source, error)):
+            final = not isinstance(error, Exception)
+            if final and not _raised_by_source(source, error):
                 raise  # Ctrl-C or a timeout on this thread: raise now; the queue stays intact
-            self._release()
-            self._pending.append(Failure(error))  # delivered at its position, never dropped
+            if final:
+                self._release()
+            self._pending.append(Failure(error, final))  # at its position, never dropped
+        finally:
+            del self, source  # a traceback may keep this frame (see the module invariants)
 
     def _release(self) -> None:
-        source, self._source = self._source, None
-        if source is not None:
-            release_source(source, self._owned)
+        self._source = None
+        self._releaser()  # once: later calls do nothing
+
+    def invalidate(self, reason: str) -> None:
+        """Stop this epoch because a newer one cannot run beside it.
+
+        The next ``next()`` raises ``RuntimeError(reason)``, later ones
+        ``StopIteration``. Nothing happens if the epoch is already over.
+        """
+        if self._source is not None or self._pending:
+            self._invalid = reason
+        self._finish()
 
     def _finish(self) -> None:
         stats = self._epoch.stats

@@ -14,9 +14,20 @@ Invariants of the thread (every change here must keep them):
   ``request_stop``.
 * **Errors keep their identity and their place.** Any ``BaseException``
   raised by the source (``KeyboardInterrupt`` and ``SystemExit`` included) is
-  posted as the same object after every item produced before it, and the
-  source iterator is shut down *before* the error is posted, so the
-  traceback cannot keep DataLoader worker processes alive.
+  posted as the same object after every item produced before it.
+* **An error ends only what cannot go on.** After an ``Exception`` from
+  ``next(source)`` the thread keeps calling ``next(source)``, exactly as a
+  loop that catches the error and continues would: a DataLoader iterator
+  goes on with its next batch, a generator that raised is finished and
+  raises ``StopIteration``. A ``BaseException`` ends the epoch, and then the
+  source iterator is shut down *before* the error is posted. Either way the
+  error's traceback cannot keep DataLoader workers alive after the loop has
+  stopped: the consumer's raising frame does not hold the iterator, so
+  dropping it runs its finalizer, which stops this thread, which releases
+  the source (:func:`release_source`).
+* **The end carries the state.** After ``StopIteration`` the source's state
+  is read once more and posted with ``END``: a checkpoint taken after the
+  end resumes into the next full epoch, as the unwrapped loader's does.
 * **Prompt stop.** Every wait of the producer is timed and checks
   :attr:`Channel.stop`; after stopping it releases the source iterator.
 * **Quiet exit.** At interpreter exit every live producer is asked to stop
@@ -37,7 +48,7 @@ from typing import Any
 
 from torch.autograd import profiler
 
-from prefetch._channel import END, ERROR, Channel, Message, request_stop
+from prefetch._channel import END, ERROR, RAISED, Channel, Message, request_stop
 from prefetch._structure import tensor_nbytes
 
 EXIT_GRACE = 1.0
@@ -144,8 +155,12 @@ def _produce(
                 else:
                     item = next(source)
             except StopIteration:
-                last = (END, None, None, 0)
+                channel.source_ended = True
+                last = (END, None, read_state() if read_state is not None else None, 0)
                 break
+            except Exception as error:  # the source decides whether it goes on
+                channel.post((RAISED, error, None, 0))
+                continue
             finally:
                 channel.in_source = False
                 stats.source_seconds += time.perf_counter() - started

@@ -18,6 +18,10 @@ Here, both names raise :class:`~prefetch.NotStatefulError` saying why.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from prefetch._distributed import distributed_world, warn_if_unsharded
@@ -38,6 +42,54 @@ def is_stateful(loader: Any) -> bool:
         (False, True)
     """
     return state_problem(loader) is None
+
+
+def one_iterator_reason(loader: Any) -> str | None:
+    """Return why ``loader`` cannot run two epochs at once, or ``None`` if it can.
+
+    A one-shot iterator (``iter()`` returns itself) has one position, and a
+    ``DataLoader`` with ``persistent_workers=True`` resets its one iterator at
+    every ``iter()``; through any stack of wrappers.
+
+    Example:
+        >>> one_iterator_reason([1, 2]) is None
+        True
+        >>> one_iterator_reason(iter([1, 2]))
+        'it wraps a one-shot list_iterator, whose iter() returns itself'
+    """
+    if isinstance(loader, LoaderWrapper):
+        return one_iterator_reason(loader.loader)
+    if isinstance(loader, Iterator):
+        return f"it wraps a one-shot {type(loader).__name__}, whose iter() returns itself"
+    workers = getattr(loader, "num_workers", 0)
+    persistent = getattr(loader, "persistent_workers", False) is True
+    if persistent and isinstance(workers, int) and workers > 0:
+        return (
+            f"it wraps a {type(loader).__name__} with persistent_workers=True, "
+            "which resets its one iterator at every iter()"
+        )
+    return None
+
+
+def warn_consumed(wrapper: str, loader: Any) -> None:
+    """Warn that a later epoch over the one-shot ``loader`` is empty, at the caller's line."""
+    warnings.warn(
+        f"{wrapper}: this epoch is empty: the one-shot {type(loader).__name__} it "
+        "wraps was consumed by an earlier epoch; wrap a re-iterable loader (a list, "
+        "a DataLoader) to run several epochs",
+        UserWarning,
+        stacklevel=_outside_this_package(),
+    )
+
+
+def _outside_this_package() -> int:
+    """The ``stacklevel`` of the first caller outside this package (through any stack)."""
+    package = os.path.dirname(__file__)
+    frame = sys._getframe(2)  # the caller of the function that asks
+    level = 2
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == package:
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
 
 
 def set_epoch_on(loader: Any, epoch: int) -> None:
@@ -110,11 +162,15 @@ class LoaderWrapper:
 
     @property
     def stats(self) -> LoaderStats:
-        """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first)."""
+        """The latest epoch's :class:`~prefetch.LoaderStats` (zeros before the first).
+
+        With several iterators open at once, the latest is the one the most
+        recent ``iter()`` returned; each iterator's own ``stats`` is its epoch's.
+        """
         return self._epoch.stats if self._epoch is not None else LoaderStats()
 
     def close(self) -> None:
-        """Stop the current epoch and release its source; a wrapped wrapper is closed too.
+        """Stop every open epoch and release its source; a wrapped wrapper is closed too.
 
         Returns promptly even if a thread is stuck inside the source; the
         wrapper stays usable, and the next ``iter()`` starts a fresh epoch.
@@ -134,10 +190,7 @@ class LoaderWrapper:
         try:
             return len(self._loader)
         except TypeError:
-            msg = (
-                f"{type(self).__name__} has no len(): the wrapped loader "
-                f"{type(self._loader).__name__!r} defines no __len__"
-            )
+            msg = f"{type(self).__name__} has no len(): {_why_unsized(self._loader)}"
             raise TypeError(msg) from None
 
     def set_epoch(self, epoch: int) -> None:
@@ -183,3 +236,29 @@ class LoaderWrapper:
                 f"and neither has the wrapped {type(loader).__name__!r}"
             )
             raise AttributeError(msg) from None
+
+
+def _why_unsized(loader: Any) -> str:
+    """Say which object in ``loader`` lacks a length (the dataset of a DataLoader)."""
+    if isinstance(loader, LoaderWrapper):
+        return _why_unsized(loader.loader)
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None and not hasattr(type(dataset), "__len__"):
+        return (
+            f"the dataset {type(dataset).__name__!r} of the wrapped "
+            f"{type(loader).__name__!r} defines no __len__"
+        )
+    return f"the wrapped loader {type(loader).__name__!r} defines no __len__"
+
+
+def short_repr(loader: Any, limit: int = 60) -> str:
+    """Return ``repr(loader)`` if short, else ``<TypeName object>``: never cut mid-token.
+
+    Example:
+        >>> short_repr([1, 2]), short_repr(list(range(100)))
+        ('[1, 2]', '<list object>')
+    """
+    if isinstance(loader, LoaderWrapper):
+        return repr(loader)
+    text = repr(loader)
+    return text if len(text) <= limit else f"<{type(loader).__name__} object>"

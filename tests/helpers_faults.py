@@ -368,5 +368,9 @@ def drain(iterator: Iterator[Any]) -> tuple[list[Any], BaseException | None]:
         for item in iterator:
             items.append(item)
     except BaseException as error:
+        # The loop stops at the error and drops the iterator (an iterator still held
+        # could go on after an error, so its thread would rightly keep running); this
+        # frame stays in the error's traceback, so the name must go.
+        del iterator
         return items, error
     return items, None

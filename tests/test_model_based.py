@@ -103,6 +103,10 @@ class LoaderMachine(RuleBasedStateMachine):
         """iter(loader), optionally making the source fail at index ``fail``."""
         error = make_errors()[kind] if fail is not None else None
         self.source.fail_at, self.source.error = fail, error
+        # A loop leaves the previous epoch's iterator behind (a `for` loop drops it),
+        # so the new iter() stops and joins its thread first. (Two iterators held at
+        # once both run; ListSource's iterators share one position: test_iteration.)
+        self.iterator = None
         self.iterator = iter(self.loader)
         self.source.fail_at, self.source.error = None, None  # read at iter() only
         self._stop_current()  # a new epoch stops the previous one

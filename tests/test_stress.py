@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch._wrapper import one_iterator_reason
 
 from .helpers_faults import (
     FailingIterable,
@@ -263,18 +264,24 @@ def run_epoch(config: Config, rng: random.Random, tally: Tally) -> None:
         del iterator  # abandoned without close(): the finalizer stops the thread
         assert got == full[:stop_at], (config.name, action, got)
     elif action == "restart":
-        # Abandon mid-epoch by starting the next epoch on the same loader while holding
-        # the old iterator: the old one is over, the new one is complete.
+        # Start the next epoch on the same loader while holding the old iterator: the
+        # new one is complete; the old one goes on where the loader allows two
+        # iterators, and says why it cannot where it does not (persistent workers).
         old = iter(loader)
         for _ in range(stop_at):
             got.append(batch_key(next(old)))
         assert got == full[:stop_at]
         if config.name == "background-generator":
             return  # a generator source cannot be iterated twice
+        shared = one_iterator_reason(loader) is not None
         got = [batch_key(item) for item in loader]
         assert got == full, (config.name, action, got)
-        with pytest.raises(StopIteration):
-            next(old)
+        if shared:
+            with pytest.raises(RuntimeError, match="a newer iter"):
+                next(old)
+        else:
+            rest = [batch_key(item) for item in old]
+            assert rest == full[stop_at:], (config.name, action, rest)
     tally.items += len(got)
     tally.epochs += 1
 
