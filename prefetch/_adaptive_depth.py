@@ -1,4 +1,7 @@
-"""``DepthPolicy``: how ``BackgroundLoader(depth="auto")`` chooses its depth.
+"""How a ``BackgroundLoader`` sets its depth: ``"auto"`` (:class:`DepthPolicy`) or fixed.
+
+Both have one interface (:class:`DepthControl`), so the consumer treats a
+fixed depth as a policy that never changes its mind.
 
 The policy runs on the consumer's thread: the consumer reports each wait and
 each near miss at once and quiet hand-offs in batches. It sees only numbers:
@@ -51,6 +54,7 @@ over to the next epoch of the same loader.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 from prefetch._stats import DepthEvent, LoaderStats
 
@@ -85,6 +89,76 @@ NEVER_FULL = (
 )
 
 
+class DepthControl(Protocol):
+    """What the consumer of one loader asks of its depth (see the module)."""
+
+    depth: int
+    maximum: int
+    adaptive: bool
+
+    def start_epoch(self, stats: LoaderStats) -> None:
+        """Begin an epoch whose stats receive the depth (and its changes)."""
+
+    def drives(self, stats: LoaderStats) -> bool:
+        """Whether ``stats`` belong to the epoch this control adapts."""
+
+    def observe(
+        self,
+        *,
+        now: float,
+        step: float,
+        waited: float,
+        ready: int,
+        fetched: int,
+        busy_seconds: float,
+        blocked_seconds: float,
+        largest_item: int,
+        count: int = 1,
+    ) -> int | None:
+        """Take hand-offs into account; return the new depth if it changed."""
+
+
+class FixedDepth:
+    """A depth that never changes, behind :class:`DepthControl`.
+
+    Example:
+        >>> control = FixedDepth(4)
+        >>> stats = LoaderStats()
+        >>> control.start_epoch(stats)
+        >>> stats.depth, control.maximum, control.adaptive
+        (4, 4, False)
+    """
+
+    adaptive = False
+
+    def __init__(self, depth: int) -> None:
+        self.depth = self.maximum = depth
+
+    def start_epoch(self, stats: LoaderStats) -> None:
+        """Record the depth in the epoch's stats."""
+        stats.depth = stats.peak_depth = self.depth
+
+    def drives(self, stats: LoaderStats) -> bool:
+        """Never: a fixed depth is not adapted (the consumer does not report to it)."""
+        return False
+
+    def observe(
+        self,
+        *,
+        now: float,
+        step: float,
+        waited: float,
+        ready: int,
+        fetched: int,
+        busy_seconds: float,
+        blocked_seconds: float,
+        largest_item: int,
+        count: int = 1,
+    ) -> int | None:
+        """Ignore the report: the depth stays."""
+        return None
+
+
 class DepthPolicy:
     """Chooses the depth of one adaptive loader from what each hand-off reports.
 
@@ -113,6 +187,8 @@ class DepthPolicy:
         grow: waited 6.0 steps; the producer had spare time for 11.7 more items
         (690 ms/item vs 1 s/step)
     """
+
+    adaptive = True
 
     def __init__(self, *, maximum: int, max_bytes: int | None, start: int = START_DEPTH) -> None:
         self.maximum = maximum
@@ -148,6 +224,7 @@ class DepthPolicy:
 
     def observe(
         self,
+        *,
         now: float,
         step: float,
         waited: float,

@@ -19,7 +19,13 @@ from typing import Generic, Literal, TypeVar
 import torch
 
 from prefetch import _thread_worker as thread_worker
-from prefetch._adaptive_depth import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DepthPolicy
+from prefetch._adaptive_depth import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_DEPTH,
+    DepthControl,
+    DepthPolicy,
+    FixedDepth,
+)
 from prefetch._arguments import (
     check_bool,
     check_iterable,
@@ -32,6 +38,7 @@ from prefetch._checkpointing import adopt_state, read_start_state
 from prefetch._pinning import accelerator_available, current_device_index, pin_batch, select_device
 from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
+from prefetch._thread_worker import ProducerSpec
 from prefetch._wrapper import (
     LoaderWrapper,
     one_iterator_reason,
@@ -117,13 +124,14 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         check_iterable(loader, "BackgroundLoader")
         fixed = check_loader_depth(depth, max_depth, "BackgroundLoader")
         self._max_bytes = check_optional_count(max_bytes, "max_bytes", "BackgroundLoader")
-        self._policy: DepthPolicy | None = None
+        self._control: DepthControl
         if fixed is None:
             if self._max_bytes is None:
                 self._max_bytes = DEFAULT_MAX_BYTES
             maximum = max_depth if max_depth is not None else DEFAULT_MAX_DEPTH
-            self._policy = DepthPolicy(maximum=maximum, max_bytes=self._max_bytes)
-        self._depth = fixed
+            self._control = DepthPolicy(maximum=maximum, max_bytes=self._max_bytes)
+        else:
+            self._control = FixedDepth(fixed)
         check_bool(pin_memory, "pin_memory", "BackgroundLoader")
         check_optional_count(num_threads, "num_threads", "BackgroundLoader")
         if pin_memory and not accelerator_available():
@@ -148,17 +156,17 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
     @property
     def depth(self) -> int:
         """The most items produced ahead and not yet consumed (now, if adaptive)."""
-        return self._policy.depth if self._policy is not None else self._depth  # type: ignore[return-value]
+        return self._control.depth
 
     @property
     def adaptive(self) -> bool:
         """Whether the depth adapts (``depth="auto"``)."""
-        return self._policy is not None
+        return self._control.adaptive
 
     @property
     def max_depth(self) -> int:
         """The most items ever buffered (an adaptive depth's ceiling, or the fixed depth)."""
-        return self._policy.maximum if self._policy is not None else self._depth  # type: ignore[return-value]
+        return self._control.maximum
 
     @property
     def max_bytes(self) -> int | None:
@@ -187,16 +195,18 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         # this state, not the finished previous one. The thread has not started yet.
         start_state = read_start_state(self)
         self._epoch = EpochRecord(start_state)
-        iterator = BackgroundIterator(
-            source,
-            self.depth,
-            self._epoch,
+        producer = ProducerSpec(
             owned=source is not loader,
             prepare=pin_batch if self._pin_memory else None,
             read_state=partial(read_state, loader) if self._stateful else None,
             setup=self._thread_setup(),
+        )
+        iterator = BackgroundIterator(
+            source,
+            self._epoch,
+            control=self._control,
             max_bytes=self._max_bytes,
-            policy=self._policy,
+            producer=producer,
         )
         self._live.append((weakref.ref(iterator), iterator._thread, iterator._channel))
         self._last_channel = iterator._channel
@@ -236,7 +246,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             # the source, so the thread is stopped and joined through the channel.
             current = ref()
             if current is not None and reason is not None:
-                current.invalidate(reason)  # stops and joins the thread (bounded)
+                current._invalidate(reason)  # stops and joins the thread (bounded)
             elif current is not None:
                 current.close()
             else:
@@ -263,5 +273,5 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._live = kept
 
     def __repr__(self) -> str:
-        depth = "'auto'" if self._policy is not None else self._depth
+        depth = "'auto'" if self._control.adaptive else self._control.depth
         return f"BackgroundLoader({short_repr(self._loader)}, depth={depth})"

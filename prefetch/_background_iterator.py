@@ -16,7 +16,7 @@ Invariants:
 * The frame that re-raises an error does not hold the iterator (``self`` is
   deleted before the error leaves), so an error kept alive by its caller
   does not keep the iterator, its thread or its source's workers alive.
-* An iterator another epoch had to stop (:meth:`BackgroundIterator.invalidate`)
+* An iterator another epoch had to stop (``_invalidate``)
   raises ``RuntimeError`` saying why on its next ``next()``, then
   ``StopIteration``: it never ends silently.
 """
@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from queue import Empty
-from typing import Any, TypeVar
-
-from torch.autograd import profiler
+from typing import TypeVar
 
 from prefetch import _thread_worker as thread_worker
-from prefetch._adaptive_depth import DepthPolicy
+from prefetch._adaptive_depth import DepthControl
 from prefetch._channel import END, ITEM, POLL_SECONDS, RAISED, Channel, Message, request_stop
+from prefetch._profiling import profiling, span
 from prefetch._stats import EpochRecord, LoaderStats
+from prefetch._thread_worker import ProducerSpec
 
 T = TypeVar("T")
 
@@ -69,43 +69,29 @@ class BackgroundIterator(Iterator[T]):
     def __init__(
         self,
         source: Iterator[T],
-        depth: int,
         epoch: EpochRecord,
         *,
-        owned: bool,
-        prepare: Callable[[Any], Any] | None,
-        read_state: Callable[[], Any] | None,
-        setup: Callable[[], None] | None,
-        max_bytes: int | None = None,
-        policy: DepthPolicy | None = None,
+        control: DepthControl,
+        max_bytes: int | None,
+        producer: ProducerSpec,
     ) -> None:
-        if policy is not None:
-            policy.start_epoch(epoch.stats)
-            depth = policy.depth
-        else:
-            epoch.stats.depth = epoch.stats.peak_depth = depth
-        self._channel = Channel(depth, epoch.stats, max_bytes)
+        control.start_epoch(epoch.stats)
+        self._channel = Channel(control.depth, epoch.stats, max_bytes)
         self._epoch = epoch
-        self._policy = policy
+        self._control = control
+        self._reports = control.adaptive  # a fixed depth hears nothing
         self._waited = 0.0
         self._handed_over = 0.0  # perf_counter() at the last report to the policy
         self._pending = 0  # hand-offs since then
         self._fewest = 0  # the fewest items ready among them (0: report the first at once)
         self._done = False
         self._invalid: str | None = None  # why another epoch stopped this one
-        self._keeps_state = read_state is not None
+        self._keeps_state = producer.read_state is not None
         self._source_error_id: int | None = None
         self._finalizer = weakref.finalize(self, request_stop, self._channel)
         self._finalizer.atexit = False
         try:
-            self._thread = thread_worker.start_producer(
-                self._channel,
-                source,
-                owned=owned,
-                prepare=prepare,
-                read_state=read_state,
-                setup=setup,
-            )
+            self._thread = thread_worker.start_producer(self._channel, source, producer)
         except BaseException:  # e.g. Ctrl-C while Thread.start() waits: never leave it running
             self._finalizer()
             raise
@@ -135,7 +121,7 @@ class BackgroundIterator(Iterator[T]):
             epoch = self._epoch
             epoch.stats.items += 1
             epoch.state = state  # None unless the loader is stateful
-            if self._policy is not None:
+            if self._reports:
                 # Quiet hand-offs (two or more ready) are reported in batches; a wait
                 # or a near miss is reported at once, so a decision is never late.
                 self._pending += 1
@@ -143,7 +129,7 @@ class BackgroundIterator(Iterator[T]):
                     self._fewest = ready
                 if self._fewest <= 1 or self._pending >= REPORT_EVERY:
                     self._adapt()
-            return payload  # type: ignore[no-any-return]
+            return payload  # type: ignore[no-any-return]  # messages are untyped tuples
         if kind == RAISED:  # the source goes on after it
             self._channel.release_slot(0)
         else:
@@ -158,7 +144,7 @@ class BackgroundIterator(Iterator[T]):
         finally:
             del payload, self  # the traceback keeps this frame: not the iterator
 
-    def invalidate(self, reason: str) -> None:
+    def _invalidate(self, reason: str) -> None:
         """Stop this epoch because a newer one cannot run beside it.
 
         The next ``next()`` raises ``RuntimeError(reason)``, later ones
@@ -168,7 +154,7 @@ class BackgroundIterator(Iterator[T]):
             self._invalid = reason
         self._finish()
 
-    def raised_by_source(self, error: BaseException) -> bool:
+    def _raised_by_source(self, error: BaseException) -> bool:
         """Return whether ``error`` is the source's error this iterator re-raised.
 
         Lets a consumer tell a ``KeyboardInterrupt`` raised *by the source* (to
@@ -178,23 +164,23 @@ class BackgroundIterator(Iterator[T]):
 
     def _adapt(self) -> None:
         """Report the hand-offs since the last report to the policy; apply its decision."""
-        if not self._policy.drives(self._epoch.stats):  # type: ignore[union-attr]
-            self._policy = None  # a newer iter() adapts it now; this epoch keeps its depth
+        if not self._control.drives(self._epoch.stats):
+            self._reports = False  # a newer iter() adapts it now; this epoch keeps its depth
             return
         channel = self._channel
         now = time.perf_counter()
         fewest, count = self._fewest, self._pending
         waited = 0.0 if fewest else self._waited  # only the last hand-off can have waited
-        new = self._policy.observe(  # type: ignore[union-attr]
-            now,
-            now - self._handed_over - waited,
-            waited,
-            fewest,
-            channel.fetched,
-            channel.busy_seconds,
-            channel.blocked_seconds,
-            channel.largest_item,
-            count,
+        new = self._control.observe(
+            now=now,
+            step=now - self._handed_over - waited,
+            waited=waited,
+            ready=fewest,
+            fetched=channel.fetched,
+            busy_seconds=channel.busy_seconds,
+            blocked_seconds=channel.blocked_seconds,
+            largest_item=channel.largest_item,
+            count=count,
         )
         if new is not None:
             channel.set_depth(new)
@@ -202,8 +188,8 @@ class BackgroundIterator(Iterator[T]):
         self._pending, self._fewest = 0, 1 << 62
 
     def _wait(self) -> Message:
-        if profiler._is_profiler_enabled:
-            with profiler.record_function("prefetch.wait"):
+        if profiling():
+            with span("prefetch.wait"):
                 return self._wait_for_message()
         return self._wait_for_message()
 

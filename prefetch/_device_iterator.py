@@ -30,17 +30,23 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from prefetch._stats import EpochRecord, LoaderStats
 from prefetch._thread_worker import release_source
 
-if TYPE_CHECKING:
-    from prefetch._cuda_prefetcher import CudaPrefetcher
-
-
 T = TypeVar("T")
+
+
+class Copier(Protocol):
+    """What an epoch needs from the device side (:class:`~prefetch._stream_copier.StreamCopier`)."""
+
+    def to_device(self, host: Any) -> tuple[Any, Any]:
+        """Start one batch's copy; return the batch and the event to wait for (or ``None``)."""
+
+    def hand_over(self, batch: Any, event: Any) -> None:
+        """Make the consumer's current stream ready to use ``batch``."""
 
 
 class InFlight(NamedTuple):
@@ -60,7 +66,7 @@ class Failure(NamedTuple):
 
 def _raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
     """Whether a ``BaseException`` came from the producer (not from this thread)."""
-    check = getattr(source, "raised_by_source", None)
+    check = getattr(source, "_raised_by_source", None)
     return bool(check(error)) if callable(check) else False
 
 
@@ -79,13 +85,19 @@ class DeviceIterator(Iterator[T]):
 
     def __init__(
         self,
-        owner: CudaPrefetcher[T],
         source: Iterator[Any],
         epoch: EpochRecord,
         *,
+        copier: Copier,
+        depth: int,
+        read_state: Callable[[], Any] | None,
+        on_source_end: Callable[[], None],
         owned: bool,
     ) -> None:
-        self._owner = owner
+        self._copier = copier
+        self._depth = depth
+        self._read_state = read_state
+        self._on_source_end = on_source_end
         self._source: Iterator[Any] | None = source
         self._epoch = epoch
         self._pending: deque[InFlight | Failure] = deque()
@@ -114,7 +126,7 @@ class DeviceIterator(Iterator[T]):
             if not self._pending:
                 if self._ended:
                     self._ended = False
-                    if self._owner._stateful:
+                    if self._read_state is not None:
                         self._epoch.state = self._end_state  # the next epoch
                 self._finish()
                 raise StopIteration
@@ -134,12 +146,12 @@ class DeviceIterator(Iterator[T]):
                 # Queue the copies of the next `depth` batches before handing this
                 # one over, so they overlap its compute. The batch stays first in
                 # line until then: an interrupt here loses nothing.
-                self._fill(1 + self._owner.depth)
-                self._owner._hand_over(entry.batch, entry.event)
+                self._fill(1 + self._depth)
+                self._copier.hand_over(entry.batch, entry.event)
             self._pending.popleft()
             self._epoch.state = entry.state
             stats.items += 1
-            return entry.batch  # type: ignore[no-any-return]
+            return entry.batch  # type: ignore[no-any-return]  # InFlight holds Any
         finally:
             stats.wait_seconds += time.perf_counter() - started
             del self  # a traceback may keep this frame (see the module invariants)
@@ -159,13 +171,15 @@ class DeviceIterator(Iterator[T]):
                 host = next(source)
             finally:
                 stats.source_seconds += time.perf_counter() - fetch_started
-            state = self._owner._read_state()
-            batch, event = self._owner._to_device(host)
+            read_state = self._read_state
+            state = read_state() if read_state is not None else None
+            batch, event = self._copier.to_device(host)
             self._pending.append(InFlight(batch, event, state))
         except StopIteration:
-            self._end_state = self._owner._read_state()
+            read_state = self._read_state
+            self._end_state = read_state() if read_state is not None else None
             self._ended = True
-            self._owner._source_ended = True
+            self._on_source_end()
             self._release()
         except BaseException as error:
             final = not isinstance(error, Exception)
@@ -181,7 +195,7 @@ class DeviceIterator(Iterator[T]):
         self._source = None
         self._releaser()  # once: later calls do nothing
 
-    def invalidate(self, reason: str) -> None:
+    def _invalidate(self, reason: str) -> None:
         """Stop this epoch because a newer one cannot run beside it.
 
         The next ``next()`` raises ``RuntimeError(reason)``, later ones

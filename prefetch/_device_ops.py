@@ -138,7 +138,7 @@ class DeviceOps:
 
     def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
         """Return a context in which ``stream`` is current."""
-        return self.module.stream(stream)  # type: ignore[no-any-return]
+        return self.module.stream(stream)  # type: ignore[no-any-return]  # module is Any
 
     def new_event(self) -> Any:
         """Create an event (to be recorded on a stream)."""

@@ -44,11 +44,10 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
-
-from torch.autograd import profiler
+from typing import Any, NamedTuple
 
 from prefetch._channel import END, ERROR, RAISED, Channel, Message, request_stop
+from prefetch._profiling import profiling, span
 from prefetch._structure import tensor_nbytes
 
 EXIT_GRACE = 1.0
@@ -76,32 +75,37 @@ def release_source(source: Iterator[Any], owned: bool) -> None:
         close()
 
 
-def start_producer(
-    channel: Channel,
-    source: Iterator[Any],
-    *,
-    owned: bool,
-    prepare: Callable[[Any], Any] | None = None,
-    read_state: Callable[[], Any] | None = None,
-    setup: Callable[[], None] | None = None,
-) -> threading.Thread:
+class ProducerSpec(NamedTuple):
+    """How the producer thread treats its source.
+
+    Attributes:
+        owned: Whether the source iterator was created by us (see :func:`release_source`).
+        prepare: Applied to each item in the thread (pinning), or ``None``.
+        read_state: Called right after each item (and after the end) to
+            capture the source's checkpoint state, or ``None``.
+        setup: Called first in the thread (device selection, thread count).
+    """
+
+    owned: bool
+    prepare: Callable[[Any], Any] | None = None
+    read_state: Callable[[], Any] | None = None
+    setup: Callable[[], None] | None = None
+
+
+def start_producer(channel: Channel, source: Iterator[Any], spec: ProducerSpec) -> threading.Thread:
     """Start the daemon thread that fills ``channel`` from ``source``.
 
     Args:
         channel: Where items go; its ``depth`` bounds how far the thread runs ahead.
         source: The iterator to drain (already created on the caller's thread).
-        owned: Whether ``source`` was created by us (see :func:`release_source`).
-        prepare: Applied to each item in the thread (pinning), or ``None``.
-        read_state: Called right after each item to capture the source's
-            checkpoint state, or ``None``.
-        setup: Called first in the thread (device selection, thread count).
+        spec: What the thread does besides draining (see :class:`ProducerSpec`).
 
     Returns:
         The started thread, named ``prefetch-N``.
     """
     thread = threading.Thread(
         target=_produce,
-        args=(channel, source, owned, prepare, read_state, setup),
+        args=(channel, source, *spec),
         name=f"prefetch-{next(_thread_ids)}",
         daemon=True,
     )
@@ -149,8 +153,8 @@ def _produce(
             channel.in_source = True
             started = time.perf_counter()
             try:
-                if profiler._is_profiler_enabled:
-                    with profiler.record_function("prefetch.fetch"):
+                if profiling():
+                    with span("prefetch.fetch"):
                         item = next(source)
                 else:
                     item = next(source)

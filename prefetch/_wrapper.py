@@ -22,6 +22,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any, TypeVar
 
 from prefetch._distributed import distributed_world, warn_if_unsharded
@@ -85,10 +86,10 @@ def warn_consumed(wrapper: str, loader: Any) -> None:
 def _outside_this_package() -> int:
     """The ``stacklevel`` of the first caller outside this package (through any stack)."""
     package = os.path.dirname(__file__)
-    frame = sys._getframe(2)  # the caller of the function that asks
+    frame: FrameType | None = sys._getframe(2)  # the caller of the function that asks
     level = 2
     while frame is not None and os.path.dirname(frame.f_code.co_filename) == package:
-        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+        frame, level = frame.f_back, level + 1
     return level
 
 

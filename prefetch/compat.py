@@ -22,9 +22,11 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from prefetch._adaptive_depth import FixedDepth
 from prefetch._arguments import check_iterable
 from prefetch._background_iterator import BackgroundIterator
 from prefetch._stats import EpochRecord
+from prefetch._thread_worker import ProducerSpec
 
 __all__ = ["BackgroundGenerator", "background", "prefetch"]
 
@@ -87,12 +89,10 @@ class BackgroundGenerator(BackgroundIterator[T]):
             raise TypeError(msg)
         super().__init__(
             iter(generator),
-            depth,
             EpochRecord(None),
-            owned=owned,
-            prepare=preprocess_func,
-            read_state=None,
-            setup=None,
+            control=FixedDepth(depth),
+            max_bytes=None,
+            producer=ProducerSpec(owned=owned, prepare=preprocess_func),
         )
 
     def next(self) -> T:

@@ -96,7 +96,7 @@ def run_epoch(
         waited += clock() - before
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(features), labels)
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         optimizer.step()
         bar.update(note=f"loss {loss.item():.3f}")
     seconds = clock() - started

@@ -96,9 +96,15 @@ def simulate(source: Sequence[float], step: float, depth: int | DepthPolicy) -> 
         if policy is not None:
             fetched = min(bisect.bisect_right(posts, now), n)  # items posted by now
             new = policy.observe(
-                now, now - handed_over - waited, waited, ready,
-                fetched, busy_upto[fetched], blocked, 0,
-            )  # fmt: skip
+                now=now,
+                step=now - handed_over - waited,
+                waited=waited,
+                ready=ready,
+                fetched=fetched,
+                busy_seconds=busy_upto[fetched],
+                blocked_seconds=blocked,
+                largest_item=0,
+            )
             if new is not None:
                 current = new
         depths.append(current)

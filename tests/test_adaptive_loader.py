@@ -97,9 +97,14 @@ class TestReports:
         calls: list[tuple[Any, ...]] = []
         original = DepthPolicy.observe
 
-        def spy(self: DepthPolicy, *args: Any) -> int | None:
-            calls.append(args)
-            return original(self, *args)
+        fields = (
+            "now", "step", "waited", "ready", "fetched",
+            "busy_seconds", "blocked_seconds", "largest_item", "count",
+        )  # fmt: skip
+
+        def spy(self: DepthPolicy, **report: Any) -> int | None:
+            calls.append(tuple(report[name] for name in fields))
+            return original(self, **report)
 
         monkeypatch.setattr(DepthPolicy, "observe", spy)
         loader = BackgroundLoader(Reiterable(lambda: bursty_source(30, {9, 19}, 0.05, 16)))

@@ -65,7 +65,14 @@ class Feed:
         self.blocked += blocked
         self.stats.items += 1  # the iterator counts the item before it reports it
         return self.policy.observe(
-            self.now, step, waited, ready, self.fetched, self.busy, self.blocked, largest
+            now=self.now,
+            step=step,
+            waited=waited,
+            ready=ready,
+            fetched=self.fetched,
+            busy_seconds=self.busy,
+            blocked_seconds=self.blocked,
+            largest_item=largest,
         )
 
     def warm_up(self, n: int = 8, **kwargs: Any) -> None:

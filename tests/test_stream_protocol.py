@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from prefetch import CudaPrefetcher
+from prefetch._stream_copier import StreamCopier
 
 from . import fake_device
 from .fake_device import FakeOps, Packed
@@ -53,15 +54,15 @@ Sabotage = Callable[[pytest.MonkeyPatch], None]
 
 
 def no_consumer_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CudaPrefetcher, "_consumer_wait", lambda self, consumer, event: None)
+    monkeypatch.setattr(StreamCopier, "_consumer_wait", lambda self, consumer, event: None)
 
 
 def no_fence(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CudaPrefetcher, "_fence", lambda self, ops, stream: None)
+    monkeypatch.setattr(StreamCopier, "_fence", lambda self, ops, stream: None)
 
 
 def no_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CudaPrefetcher, "_record_leaves", lambda self, consumer, batch: None)
+    monkeypatch.setattr(StreamCopier, "_record_leaves", lambda self, consumer, batch: None)
 
 
 def copy_on_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,7 +200,7 @@ class TestOpaqueAndResident:
 
 
 def no_resident_keepalive(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CudaPrefetcher, "_keep_inputs_alive", lambda self, ops, stream, r: None)
+    monkeypatch.setattr(StreamCopier, "_keep_inputs_alive", lambda self, ops, stream, r: None)
 
 
 class TestChecksCatchSabotage:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from prefetch import CudaPrefetcher
+from prefetch._stream_copier import StreamCopier
 
 BASE = 1000.0
 POISON = -7.0e6
@@ -57,9 +58,9 @@ def slow_copy(batch: Any) -> Any:
 
 
 def disable(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
-    """Switch off CudaPrefetcher protections (the sabotage the controls need)."""
+    """Switch off StreamCopier protections (the sabotage the controls need)."""
     for name in names:
-        monkeypatch.setattr(CudaPrefetcher, name, lambda self, *args: None)
+        monkeypatch.setattr(StreamCopier, name, lambda self, *args: None)
 
 
 class Packed:

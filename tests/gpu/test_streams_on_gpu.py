@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from prefetch import CudaPrefetcher
+from prefetch._stream_copier import StreamCopier
 
 from .gpu_helpers import (
     BASE,
@@ -70,7 +71,7 @@ class TestConsumerWait:
         def wrong_stream(self: Any, consumer: Any, event: Any) -> None:
             torch.cuda.default_stream().wait_event(event)
 
-        monkeypatch.setattr(CudaPrefetcher, "_consumer_wait", wrong_stream)
+        monkeypatch.setattr(StreamCopier, "_consumer_wait", wrong_stream)
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             got = read_at_once(CudaPrefetcher(host_batches(8), transform=slow_copy))
