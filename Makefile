@@ -6,8 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+MUTATION_JOBS ?= 2
+MUTATION_FLOOR ?= 0
 
-.PHONY: help demo test test-gpu stress docs doctest lint typecheck bench clean
+.PHONY: help demo test test-gpu stress mutation docs doctest lint typecheck bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -31,6 +33,12 @@ test-gpu: $(STAMP)  ## run only the GPU tests (needs CUDA)
 stress: $(STAMP)  ## long soak / stress run
 	PREFETCH_STRESS=full $(PY) -m pytest tests/test_stress.py -v $(PYTEST_ARGS)
 
+mutation: $(STAMP)  ## mutation check of the thread engine and device iterator (slow; not in CI)
+	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mutation]"
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
+	$(PY) tools/mutation_report.py --min $(MUTATION_FLOOR)
+
 docs: $(STAMP)  ## build the HTML docs, warnings as errors
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
@@ -38,8 +46,8 @@ doctest: $(STAMP)  ## run every example in the docs and docstrings
 	$(PY) -m sphinx -W --keep-going -b doctest docs docs/_build/doctest
 
 lint: $(STAMP)  ## ruff check and format check
-	$(PY) -m ruff check prefetch tests docs examples
-	$(PY) -m ruff format --check prefetch tests docs examples
+	$(PY) -m ruff check prefetch tests docs examples tools
+	$(PY) -m ruff format --check prefetch tests docs examples tools
 
 typecheck: $(STAMP)  ## mypy --strict on the package
 	$(PY) -m mypy
@@ -48,4 +56,4 @@ bench: $(STAMP)  ## benchmarks against the baselines; results in docs/benchmarks
 	$(PY) -m prefetch.bench $(BENCH_ARGS)
 
 clean:  ## remove the virtual environment and build outputs
-	rm -rf $(VENV) docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) mutants docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
