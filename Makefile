@@ -11,7 +11,10 @@ GPU_OUT ?= docs/benchmarks/gpu
 # The GPU benchmark gpu-check runs (repoint it when the benchmarks move).
 GPU_BENCH ?= $(GPU_VENV)/bin/python -m prefetch.bench --workloads gpu --out $(GPU_OUT)
 
-.PHONY: help demo test test-gpu gpu-check stress docs doctest lint typecheck bench clean
+MUTATION_JOBS ?= 2
+MUTATION_FLOOR ?= 0
+
+.PHONY: help demo test test-gpu gpu-check stress mutation docs doctest lint typecheck bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -39,6 +42,12 @@ gpu-check:  ## with a CUDA GPU: GPU tests + GPU benchmark (< 8 min) into docs/be
 stress: $(STAMP)  ## long soak / stress run
 	PREFETCH_STRESS=full $(PY) -m pytest tests/test_stress.py -v $(PYTEST_ARGS)
 
+mutation: $(STAMP)  ## mutation check of the thread engine and device iterator (slow; not in CI)
+	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mutation]"
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
+	$(PY) tools/mutation_report.py --min $(MUTATION_FLOOR)
+
 docs: $(STAMP)  ## build the HTML docs, warnings as errors
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
@@ -46,8 +55,8 @@ doctest: $(STAMP)  ## run every example in the docs and docstrings
 	$(PY) -m sphinx -W --keep-going -b doctest docs docs/_build/doctest
 
 lint: $(STAMP)  ## ruff check and format check
-	$(PY) -m ruff check prefetch tests docs examples
-	$(PY) -m ruff format --check prefetch tests docs examples
+	$(PY) -m ruff check prefetch tests docs examples tools
+	$(PY) -m ruff format --check prefetch tests docs examples tools
 
 typecheck: $(STAMP)  ## mypy --strict on the package
 	$(PY) -m mypy

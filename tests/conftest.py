@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from .processes import prefetch_threads
+
 LEAK_GRACE_SECONDS = 3.0
-
-
-def prefetch_threads() -> list[threading.Thread]:
-    """Return the live threads this package started."""
-    return [t for t in threading.enumerate() if t.name.startswith("prefetch-")]
 
 
 @pytest.fixture(autouse=True)

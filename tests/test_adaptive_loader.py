@@ -27,7 +27,8 @@ from prefetch._adaptive_depth import (
 from prefetch._background_iterator import REPORT_EVERY
 from prefetch._channel import Channel
 
-from .conftest import prefetch_threads
+from .liveness import consume
+from .processes import prefetch_threads
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -209,11 +210,7 @@ def posts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
 def slowly(loader: BackgroundLoader[Any], step: float = 0.005) -> list[Any]:
     """Consume ``loader`` with a ``step``-second loop; return the items."""
-    got = []
-    for item in loader:
-        got.append(item)
-        time.sleep(step)
-    return got
+    return consume(loader, step)  # fails naming the stuck side, never hangs
 
 
 class TestMemoryBound:

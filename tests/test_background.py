@@ -1,4 +1,4 @@
-"""BackgroundLoader: the contract of issue 2, one class per promise."""
+"""BackgroundLoader keeps each promise of its docstring; one class per promise."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import prefetch
 from prefetch import BackgroundLoader
 from prefetch._thread_worker import Channel
 
-from .conftest import prefetch_threads
+from .processes import prefetch_threads
 from .sources import Stateful
 
 pytestmark = pytest.mark.timeout(30)

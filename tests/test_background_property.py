@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from prefetch import BackgroundLoader
 
-from .conftest import prefetch_threads
+from .processes import prefetch_threads
 
 
 class SourceError(Exception):

@@ -13,7 +13,7 @@ import pytest
 
 from prefetch import compat
 
-from .conftest import prefetch_threads
+from .processes import prefetch_threads
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,7 +17,7 @@ from prefetch import _cuda_prefetcher as cuda_prefetcher
 from prefetch import _device_ops as device_ops
 from prefetch._device_ops import DeviceOps, resolve_device
 
-from .conftest import prefetch_threads
+from .processes import prefetch_threads
 from .sources import Stateful
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,4 +1,4 @@
-"""Distributed training through the wrappers: examples/ddp_train.py under torchrun (issue 6).
+"""DDP through the wrappers: ranks see disjoint shards and a resumed run equals an unbroken one.
 
 Two processes on the loopback interface (gloo on CPU), launched with
 ``python -m torch.distributed.run``. One uninterrupted run, one run stopped
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from .helpers_faults import ROOT, free_port, subprocess_env
+from .subprocesses import ROOT, free_port, subprocess_env
 
 SCRIPT = ROOT / "examples" / "ddp_train.py"
 WORLD = 2

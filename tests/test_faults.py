@@ -1,4 +1,4 @@
-"""Faults: sources that fail after items or in a protocol method (issue 6).
+"""A source failing mid-epoch or in a protocol method: items first, then its same error object.
 
 Every test here has a hard timeout; "promptly" means within a few seconds,
 never a speed claim.
@@ -15,17 +15,9 @@ from torch.utils.data import DataLoader, Dataset
 from prefetch import BackgroundLoader, CudaPrefetcher, NotStatefulError
 from prefetch.compat import BackgroundGenerator
 
-from .helpers_faults import (
-    CustomBaseError,
-    FailingIterable,
-    KwOnlyError,
-    ListSource,
-    NoSuperError,
-    drain,
-    make_errors,
-    prefetch_threads,
-    wait_until,
-)
+from .errors import CustomBaseError, KwOnlyError, NoSuperError, make_errors
+from .processes import prefetch_threads, wait_until
+from .sources import FailingIterable, ListSource, drain
 
 Wrap = Callable[[Any], Any]
 

@@ -1,4 +1,4 @@
-"""Faults: Ctrl-C at random moments and interpreter exit, in subprocesses (issue 6).
+"""Ctrl-C at any moment and interpreter exit stop cleanly, leaving no thread or worker.
 
 Every test here has a hard timeout; "promptly" means within a few seconds,
 never a speed claim.
@@ -16,15 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
-from .helpers_faults import (
-    LineReader,
-    child_pids,
-    kill_session,
-    live_child_pids,
-    session_members,
-    start_script,
-    wait_until,
-)
+from .processes import child_pids, live_child_pids, session_members, wait_until
+from .subprocesses import LineReader, kill_session, start_script
 
 TRAIN_SCRIPT = """
 import gc, logging, os, sys, threading, time, traceback

@@ -1,4 +1,4 @@
-"""Faults: stopping from the loop, and interrupts during start-up and refills (issue 6).
+"""Stopping from the loop and interrupts during start-up or refills lose and leak nothing.
 
 Every test here has a hard timeout; "promptly" means within a few seconds,
 never a speed claim.
@@ -17,10 +17,7 @@ from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._thread_worker import request_stop
 
 from . import fake_device
-from .helpers_faults import (
-    prefetch_threads,
-    wait_until,
-)
+from .processes import prefetch_threads, wait_until
 
 
 class TestStopping:

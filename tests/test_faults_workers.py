@@ -1,4 +1,4 @@
-"""Faults: DataLoader worker processes killed, failing or persistent (issue 6).
+"""Faults: killed, failing or persistent DataLoader workers never hang, leak or lose batches.
 
 Every test here has a hard timeout; "promptly" means within a few seconds,
 never a speed claim.
@@ -15,13 +15,8 @@ from torch.utils.data import DataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
-from .helpers_faults import (
-    SlowDataset,
-    drain,
-    live_child_pids,
-    settle,
-    wait_until,
-)
+from .processes import live_child_pids, settle, wait_until
+from .sources import SlowDataset, drain
 
 
 class TestDataLoaderWorkers:
@@ -81,7 +76,7 @@ class TestDataLoaderWorkers:
     @pytest.mark.timeout(60)
     def test_persistent_workers_break_then_new_epoch_without_holding_the_iterator(self) -> None:
         """With persistent_workers, `break` then a new epoch gives a full, exact epoch."""
-        # Regression test for a core bug found by this suite (issue 6): BackgroundLoader kept
+        # Regression test for a core bug this suite found: BackgroundLoader kept
         # only a weakref to its iterator, so after `break` dropped it, the next iter() did not
         # join the old producer, which was still inside the persistent DataLoader iterator
         # that iter() resets ('AssertionError: Invalid iterator state', lost batches).

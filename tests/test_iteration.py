@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
-from tests.conftest import prefetch_threads
+
+from .processes import prefetch_threads
 
 STACKS: dict[str, Callable[[Any], Any]] = {
     "background": lambda loader: BackgroundLoader(loader, depth=2),

@@ -21,7 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
-from .helpers_faults import ROOT, subprocess_env
+from .subprocesses import ROOT, subprocess_env
 
 L = pytest.importorskip("lightning")
 

@@ -1,4 +1,4 @@
-"""Model-based test: random sequences of loader operations against a list model (issue 6).
+"""Random sequences of loader operations give the items and states a list model predicts.
 
 The system under test is ``BackgroundLoader(ListSource)`` or
 ``CudaPrefetcher(BackgroundLoader(ListSource))`` (CPU path). The model is a few
@@ -30,7 +30,9 @@ from hypothesis.stateful import (
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
-from .helpers_faults import ListSource, make_errors, prefetch_threads, wait_until
+from .errors import make_errors
+from .processes import prefetch_threads, wait_until
+from .sources import ListSource
 
 SIZE = 6
 ERROR_KINDS = sorted(make_errors())

@@ -1,4 +1,4 @@
-"""Resume exactness with torchdata's StatefulDataLoader (issue 6).
+"""Resuming a StatefulDataLoader from a checkpoint skips and repeats nothing.
 
 ``BackgroundLoader.state_dict()`` is the state as of the last item the loop
 received, however far the thread ran ahead; ``load_state_dict()`` and a new
@@ -21,7 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
-from .helpers_faults import settle
+from .processes import settle
 
 ITEMS = 40
 BATCH = 2

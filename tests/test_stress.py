@@ -1,4 +1,4 @@
-"""Soak and stress: many epochs of randomly mixed faults, and the live-batch bound (issue 6).
+"""Soak: many epochs of mixed faults leak no thread, worker or memory; live batches stay bounded.
 
 By default a reduced run suitable for CI (40 epochs, a few seconds); with
 ``PREFETCH_STRESS=full`` (``make stress``) several hundred epochs.
@@ -24,17 +24,9 @@ from torch.utils.data import DataLoader, Dataset
 from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._wrapper import one_iterator_reason
 
-from .helpers_faults import (
-    FailingIterable,
-    Tracked,
-    failing_gen,
-    live_child_pids,
-    make_errors,
-    os_thread_count,
-    prefetch_threads,
-    rss_mb,
-    settle,
-)
+from .errors import make_errors
+from .processes import live_child_pids, os_thread_count, prefetch_threads, rss_mb, settle
+from .sources import FailingIterable, Tracked, failing_gen
 
 FULL = os.environ.get("PREFETCH_STRESS", "").lower() == "full"
 EPOCHS = 3000 if FULL else 150

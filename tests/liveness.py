@@ -1,0 +1,116 @@
+"""Bounded waits that fail with a message naming what is stuck, instead of hanging.
+
+A lost wake-up or a deadlock in the thread engine otherwise shows only as a
+test killed by pytest-timeout. These helpers wait at most
+:data:`LIVENESS_SECONDS` for progress and then fail with the state of the
+channel: which side waits, for what, and why it cannot go on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from prefetch._channel import Channel
+
+LIVENESS_SECONDS = 2.0
+"""How long a step may make no progress before the test fails (never a speed claim)."""
+
+
+def producer_frame(thread: threading.Thread) -> str:
+    """Return where ``thread`` is now, as the innermost ``prefetch`` function it is in."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if f"{os.sep}prefetch{os.sep}" in frame.f_code.co_filename:
+            return f"{frame.f_code.co_qualname}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "ended" if not thread.is_alive() else "outside prefetch"
+
+
+def describe(channel: Channel, thread: threading.Thread) -> str:
+    """Say where the producer ``thread`` of ``channel`` stands and why, in words."""
+    outstanding = channel.produced - channel.consumed
+    free = max(channel.depth - outstanding, 0)
+    where = producer_frame(thread)
+    if "wait_for_space" in where:  # (mutation testing renames the function)
+        text = (
+            f"producer still blocked on a full buffer with {free} free "
+            f"slot{'' if free == 1 else 's'} ({outstanding} of depth {channel.depth} taken"
+        )
+        if channel.max_bytes is not None:
+            buffered = channel.produced_bytes - channel.consumed_bytes
+            text += (
+                f"; {buffered} B buffered + largest item {channel.largest_item} B"
+                f" vs max_bytes {channel.max_bytes}"
+            )
+        return text + ")"
+    return (
+        f"producer in {where}, {len(channel.messages)} messages ready "
+        f"({outstanding} of depth {channel.depth} slots taken)"
+    )
+
+
+def wait_for(condition: Callable[[], bool], what: Callable[[], str], timeout: float) -> None:
+    """Poll ``condition`` until true; after ``timeout`` s fail with ``what()`` (the stuck part)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what()} after {timeout} s", pytrace=False)
+        time.sleep(0.002)
+
+
+def take(iterator: Iterator[Any], timeout: float = LIVENESS_SECONDS) -> Any:
+    """``next(iterator)``; if it has not returned after ``timeout`` s, close it and fail.
+
+    The failure names what was stuck (for a :class:`BackgroundIterator`, the
+    producer's state at that moment). The consumer still waits as it would
+    in a training loop: only a watchdog thread looks at the clock.
+    """
+    stuck: list[str] = []
+
+    def watchdog() -> None:
+        channel = getattr(iterator, "_channel", None)
+        thread = getattr(iterator, "_thread", None)
+        if channel is not None and thread is not None:
+            stuck.append(describe(channel, thread))
+        else:
+            stuck.append("next() not returning")
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            close()  # the blocked next() then returns or raises
+
+    timer = threading.Timer(timeout, watchdog)
+    timer.daemon = True
+    timer.start()
+    try:
+        item = next(iterator)
+    except BaseException:  # StopIteration included: a close() by the watchdog ends it
+        if stuck:
+            pytest.fail(f"{stuck[0]} after {timeout} s", pytrace=False)
+        raise
+    finally:
+        timer.cancel()
+        timer.join()
+    if stuck:
+        pytest.fail(f"{stuck[0]} after {timeout} s", pytrace=False)
+    return item
+
+
+def consume(iterable: Any, step: float = 0.0, timeout: float = LIVENESS_SECONDS) -> list[Any]:
+    """Drain ``iter(iterable)`` with :func:`take`, sleeping ``step`` s per item; return items."""
+    iterator = iter(iterable)
+    items = []
+    while True:
+        try:
+            item = take(iterator, timeout)
+        except StopIteration:
+            return items
+        items.append(item)
+        if step:
+            time.sleep(step)

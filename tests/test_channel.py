@@ -1,0 +1,111 @@
+"""The channel wakes a blocked producer on every event that frees it, without polling.
+
+The producer re-checks every ``POLL_SECONDS`` as a safety net; here that net
+is taken away (30 s), so a lost wake-up leaves the producer blocked and the
+bounded waits of :mod:`tests.liveness` fail within seconds, naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from prefetch import BackgroundLoader
+from prefetch import _channel as channel_module
+
+from .liveness import consume, describe, take, wait_for
+
+LIVENESS = 2.0
+
+
+@pytest.fixture
+def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocked producer re-checks only after 30 s: every wake-up must be delivered."""
+    monkeypatch.setattr(channel_module, "POLL_SECONDS", 30.0)
+
+
+@pytest.mark.usefixtures("no_poll")
+class TestWakeUps:
+    """Each event that frees a slot wakes the blocked producer at once."""
+
+    @pytest.mark.parametrize("depth", [1, 3])
+    def test_release_slot_wakes_the_producer(self, depth: int) -> None:
+        """Every consumed item wakes a producer blocked on a full buffer."""
+        loader = BackgroundLoader(range(12), depth=depth)
+        assert consume(loader, step=0.002, timeout=LIVENESS) == list(range(12))
+
+    def test_byte_budget_release_wakes_the_producer(self) -> None:
+        """A producer blocked on the byte budget is woken when an item is consumed."""
+        items = [torch.zeros(256) for _ in range(8)]  # 1 KiB each, 2 KiB budget
+        loader = BackgroundLoader(items, depth=8, max_bytes=2048)
+        got = consume(loader, step=0.002, timeout=LIVENESS)
+        assert all(a is b for a, b in zip(got, items, strict=True))
+
+    def test_deeper_depth_wakes_the_producer(self) -> None:
+        """Raising the depth wakes a producer blocked on the old one."""
+        iterator = iter(BackgroundLoader(range(10), depth=1))
+        try:
+            channel = iterator._channel
+            wait_for(
+                lambda: channel.producer_waiting,
+                lambda: describe(channel, iterator._thread),
+                LIVENESS,
+            )
+            channel.set_depth(3)
+            wait_for(
+                lambda: len(channel.messages) == 3,
+                lambda: describe(channel, iterator._thread),
+                LIVENESS,
+            )
+            assert [take(iterator, LIVENESS) for _ in range(3)] == [0, 1, 2]
+        finally:
+            iterator.close()
+
+    def test_stop_wakes_the_producer(self) -> None:
+        """close() ends a producer blocked on a full buffer, well before its next poll."""
+        iterator = iter(BackgroundLoader(range(10), depth=1))
+        thread = iterator._thread
+        channel = iterator._channel
+        wait_for(
+            lambda: channel.producer_waiting, lambda: describe(channel, iterator._thread), LIVENESS
+        )
+        iterator.close()
+        wait_for(
+            lambda: not thread.is_alive(), lambda: describe(channel, iterator._thread), LIVENESS
+        )
+
+
+class TestOversizedItem:
+    """An item larger than max_bytes flows alone: the byte budget never deadlocks."""
+
+    @pytest.mark.parametrize("depth", ["auto", 2])
+    def test_each_oversized_item_flows(self, depth: Any) -> None:
+        """Items four times max_bytes are delivered, one outstanding at a time."""
+        items = [torch.full((1024,), float(i)) for i in range(6)]
+        loader = BackgroundLoader(items, depth, max_bytes=1024)
+        got = consume(loader, timeout=LIVENESS)
+        assert all(a is b for a, b in zip(got, items, strict=True))
+        assert loader.stats.peak_items == 1
+
+
+class TestDescribe:
+    """A stuck producer is described with the numbers that show why it is stuck."""
+
+    def test_names_free_slots_and_bytes(self) -> None:
+        """The description gives depth, slots taken and free, bytes and the budget."""
+        iterator = iter(BackgroundLoader([torch.zeros(256)] * 4, depth=2, max_bytes=4096))
+        try:
+            channel = iterator._channel
+            wait_for(
+                lambda: channel.producer_waiting,
+                lambda: describe(channel, iterator._thread),
+                LIVENESS,
+            )
+            assert describe(channel, iterator._thread) == (
+                "producer still blocked on a full buffer with 0 free slots "
+                "(2 of depth 2 taken; 2048 B buffered + largest item 1024 B vs max_bytes 4096)"
+            )
+        finally:
+            iterator.close()

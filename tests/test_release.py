@@ -1,0 +1,212 @@
+"""What is let go, and when: prefetched items, the user's generator, the source before its error.
+
+Each class pins one ordering or lifetime rule that the rest of the suite
+would not notice losing (found by mutating the engine).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterator
+
+import pytest
+from torch.utils.data import DataLoader
+
+from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch import _background_iterator as background_iterator
+
+from . import fake_device
+from .liveness import LIVENESS_SECONDS, take, wait_for
+from .processes import live_child_pids, prefetch_threads, settle
+from .sources import SlowDataset, Tracked
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class TestAbandonedEpoch:
+    """After ``break`` and garbage collection the loader keeps no prefetched item alive."""
+
+    def test_prefetched_items_freed(self) -> None:
+        """Items the thread buffered ahead of a broken loop are freed, the loader still alive."""
+        refs: list[weakref.ref[Tracked]] = []
+
+        def track(index: int) -> Tracked:
+            item = Tracked(index)
+            refs.append(weakref.ref(item))
+            return item
+
+        def source() -> Iterator[Tracked]:
+            for index in range(50):
+                yield track(index)  # no local: the suspended generator holds no item
+
+        loader = BackgroundLoader(source(), depth=4)
+
+        def live() -> int:
+            return sum(ref() is not None for ref in refs)
+
+        for first in loader:
+            assert first.index == 0
+            # 1 handed over + 4 buffered: the buffer is full before we leave.
+            wait_for(lambda: live() == 5, lambda: f"{live()} items alive, not 5", LIVENESS_SECONDS)
+            break
+        del first
+        gc.collect()
+        wait_for(lambda: not prefetch_threads(), lambda: "thread still alive", LIVENESS_SECONDS)
+        gc.collect()
+        assert live() == 0, f"{live()} prefetched items kept alive by the loader after break + GC"
+        assert loader.stats.items == 1
+
+
+class TestUserGenerator:
+    """A generator the user passed in is never closed; one we made with ``iter()`` is."""
+
+    @staticmethod
+    def generator(closed: list[bool]) -> Iterator[int]:
+        try:
+            yield from range(100)
+        finally:
+            closed.append(True)
+
+    @pytest.mark.parametrize("how", ["close", "break", "exhaust-next-epoch"])
+    def test_background_leaves_it_open(self, how: str) -> None:
+        """BackgroundLoader(g): break, close() or a new epoch leave g open and resumable."""
+        closed: list[bool] = []
+        g = self.generator(closed)
+        loader = BackgroundLoader(g, depth=2)
+        for _ in loader:
+            break
+        if how == "close":
+            loader.close()
+        else:
+            for _ in loader:  # the next epoch stops the previous one first
+                break
+            loader.close()
+        assert settle() == ([], [])
+        assert closed == []
+        assert next(g) > 0  # still running where the thread left it
+
+    def test_device_leaves_it_open(self) -> None:
+        """CudaPrefetcher(g): close() in mid-epoch leaves g open and resumable."""
+        closed: list[bool] = []
+        g = self.generator(closed)
+        prefetcher = CudaPrefetcher(g, device="cpu")
+        iterator = iter(prefetcher)  # held, so close() stops this very epoch
+        assert next(iterator) == 0
+        prefetcher.close()
+        assert closed == []
+        assert next(g) == 1
+
+    def test_own_iterator_is_closed(self) -> None:
+        """An iterator created by iter(loader) is closed when the epoch stops early."""
+        closed: list[bool] = []
+
+        class Source:
+            def __iter__(self) -> Iterator[int]:
+                return TestUserGenerator.generator(closed)
+
+        loader = BackgroundLoader(Source(), depth=2)
+        for _ in loader:
+            break
+        loader.close()
+        assert closed == [True]
+
+
+class Fatal(BaseException):
+    """A source error that ends the epoch (not an ``Exception``, as ``SystemExit`` is not)."""
+
+
+class SlowToRelease:
+    """Iterators that end with ``Fatal`` at ``fail_at`` and take ``delay`` s to close."""
+
+    def __init__(self, fail_at: int, delay: float) -> None:
+        self.fail_at = fail_at
+        self.delay = delay
+        self.released = threading.Event()
+        self.calls_after_error = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return self.Iterator(self)
+
+    class Iterator:
+        """Counts up, raises ``Fatal`` at ``fail_at``; ``close()`` is slow (hung workers)."""
+
+        def __init__(self, owner: SlowToRelease) -> None:
+            self.owner = owner
+            self.index = 0
+            self.error: Fatal | None = None
+
+        def __iter__(self) -> SlowToRelease.Iterator:
+            return self
+
+        def __next__(self) -> int:
+            if self.error is not None:
+                self.owner.calls_after_error += 1
+                raise StopIteration
+            if self.index == self.owner.fail_at:
+                self.error = Fatal(f"item {self.index} is broken")
+                raise self.error
+            self.index += 1
+            return self.index - 1
+
+        def _raised_by_source(self, error: BaseException) -> bool:
+            # As a BackgroundIterator says of its producer's error: queue it, do not raise now.
+            return error is self.error
+
+        def close(self) -> None:
+            time.sleep(self.owner.delay)
+            self.owner.released.set()
+
+
+class TestErrorAfterRelease:
+    """An error that ends the epoch reaches the loop only after the source was released."""
+
+    def test_slow_release_delays_the_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With a release slower than close()'s timeout the final error still waits for it."""
+        monkeypatch.setattr(background_iterator, "CLOSE_TIMEOUT", 0.1)
+        source = SlowToRelease(fail_at=3, delay=0.6)
+        iterator = iter(BackgroundLoader(source, depth=2))
+        assert [take(iterator) for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(Fatal, match="item 3 is broken"):
+            take(iterator)
+        assert source.released.is_set(), "the error reached the loop before the source released"
+
+    def test_dataloader_workers_gone_once_the_loop_drops_the_error(self) -> None:
+        """A worker's error goes on (the DataLoader can); once it ends the loop, workers exit."""
+        data = DataLoader(SlowDataset(8), batch_size=1, num_workers=2, sampler=[0, 1, -1, 2])
+        got: list[int] = []
+        with pytest.raises(ValueError, match="poisoned index -1") as caught:
+            for batch in BackgroundLoader(data, depth=2):
+                got.append(int(batch))
+        assert got == [0, 1]
+        wait_for(
+            lambda: live_child_pids() == [],
+            lambda: f"workers {live_child_pids()} alive while the error is held",
+            LIVENESS_SECONDS,
+        )
+        assert caught.value is not None  # the error is still held: it keeps no worker alive
+
+
+class TestDeviceEarlyRelease:
+    """The device path releases its source as soon as an epoch-ending error is queued."""
+
+    def test_source_released_before_the_error_is_due(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The source is closed, and never asked again, while batches before its error wait."""
+        fake_device.install(monkeypatch)
+        source = SlowToRelease(fail_at=3, delay=0.0)
+        prefetcher = CudaPrefetcher(source, depth=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors: expected here
+            iterator = iter(prefetcher)
+            got = [int(next(iterator))]  # queues batches 1 and 2, then the error, behind it
+            assert source.released.is_set(), "source still open while the error waits its turn"
+            got += [int(next(iterator)) for _ in range(2)]
+            with pytest.raises(Fatal, match="item 3 is broken"):
+                next(iterator)
+            with pytest.raises(StopIteration):
+                next(iterator)
+        assert got == [0, 1, 2]
+        assert source.calls_after_error == 0, "the source was asked for more after its end"
