@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=2, help="BackgroundLoader depth")
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument(
         "--checkpoint-at",
         default=None,
@@ -178,8 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         loader.set_epoch(epoch)  # through both wrappers to the DistributedSampler
         seen = log.setdefault(str(epoch), [])
         step = start_step if epoch == start_epoch else 0
+        total, batches = torch.zeros((), device=device), 0  # summed on the device: one sync
         for indices, x, y in loader:
             loss = nn.functional.mse_loss(ddp(x), y)
+            total += loss.detach()
+            batches += 1
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -204,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                     dist.barrier()
                     dist.destroy_process_group()
                     return 0
-        if rank == 0:
-            print(f"epoch {epoch}: loss {loss.item():.5f}", flush=True)
+        if rank == 0 and batches:
+            print(f"epoch {epoch}: mean loss {total.item() / batches:.5f}", flush=True)
 
     loader.close()
     write_outputs(args.out, rank, world, log, model, stopped=False)
