@@ -38,14 +38,14 @@ doctest: $(STAMP)  ## run every example in the docs and docstrings
 	$(PY) -m sphinx -W --keep-going -b doctest docs docs/_build/doctest
 
 lint: $(STAMP)  ## ruff check and format check
-	$(PY) -m ruff check prefetch tests docs examples
-	$(PY) -m ruff format --check prefetch tests docs examples
+	$(PY) -m ruff check prefetch benchmarks tests docs examples
+	$(PY) -m ruff format --check prefetch benchmarks tests docs examples
 
 typecheck: $(STAMP)  ## mypy --strict on the package
 	$(PY) -m mypy
 
 bench: $(STAMP)  ## benchmarks against the baselines; results in docs/benchmarks/
-	$(PY) -m prefetch.bench $(BENCH_ARGS)
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 clean:  ## remove the virtual environment and build outputs
 	rm -rf $(VENV) docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,4 +1,4 @@
-"""Smoke tests of ``python -m prefetch.bench`` and ``python -m prefetch.demo``.
+"""Smoke tests of ``python -m benchmarks`` and ``python -m prefetch.demo``.
 
 They check that the commands run and write what the docs include; they never
 assert on timings (the machines are shared and noisy).
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefetch.bench import WORKLOADS
-from prefetch.bench.__main__ import parse_args
-from prefetch.bench.common import (
+from benchmarks import WORKLOADS
+from benchmarks.__main__ import parse_args
+from benchmarks.common import (
     Column,
     Config,
     Row,
@@ -27,7 +27,7 @@ from prefetch.bench.common import (
     ideal_row,
     median_ratio,
 )
-from prefetch.bench.report import format_value, text_table, write_all
+from benchmarks.report import format_value, text_table, write_all
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = {  # a depth trace as the bursty workload records it
@@ -73,7 +73,7 @@ def run_module(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(120)
 def test_quick_bench_writes_json_rst_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    done = run_module("prefetch.bench", "--quick", "--out", str(out), timeout=110)
+    done = run_module("benchmarks", "--quick", "--out", str(out), timeout=110)
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert set(data) == {"meta", "workloads"}
@@ -132,7 +132,7 @@ def test_median_ratio_pairs_runs_of_the_same_repeat() -> None:
 def test_gpu_workload_is_skipped_without_cuda() -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the GPU workload would run")
-    from prefetch.bench import gpu
+    from benchmarks import gpu
 
     result = gpu.run(Config(repeats=1, quick=True))
     assert result.status == "skipped"
@@ -202,7 +202,7 @@ def test_ideal_row_takes_per_repeat_ratios_and_leaves_blanks() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_bursty_quick_run_compares_four_configurations(tmp_path: Path) -> None:
-    from prefetch.bench import bursty, jittery
+    from benchmarks import bursty, jittery
 
     result = bursty.run(Config(repeats=1, quick=True))
     assert result.status == "ok"

@@ -8,7 +8,7 @@ normalising on the GPU:
 
 * a plain loop: ``.to(device, non_blocking=True)`` then normalise, on the
   training stream;
-* the apex and timm one-ahead prefetchers (:mod:`prefetch.bench.baselines`);
+* the apex and timm one-ahead prefetchers (:mod:`benchmarks.baselines`);
 * :class:`~prefetch.CudaPrefetcher` with ``fence`` and ``record_stream``
   lifetimes, depth 1 and 2, and stacked on ``BackgroundLoader(pin_memory=True)``.
 
@@ -27,10 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from prefetch import BackgroundLoader, CudaPrefetcher, Normalize
-from prefetch._cuda_prefetcher import Lifetime
-from prefetch.bench.baselines import ApexStylePrefetcher, TimmStylePrefetcher
-from prefetch.bench.common import (
+from benchmarks.baselines import ApexStylePrefetcher, TimmStylePrefetcher
+from benchmarks.common import (
     Column,
     Config,
     Measure,
@@ -40,8 +38,10 @@ from prefetch.bench.common import (
     interleave,
     median,
 )
-from prefetch.bench.data import MEAN, STD
-from prefetch.bench.progress import ProgressBar
+from benchmarks.data import MEAN, STD
+from prefetch import BackgroundLoader, CudaPrefetcher, Normalize
+from prefetch._cuda_prefetcher import Lifetime
+from prefetch._progress import ProgressBar
 
 __all__ = ["run"]
 

@@ -22,8 +22,7 @@ from typing import Any
 
 import prefetch_generator
 
-from prefetch import BackgroundLoader
-from prefetch.bench.common import (
+from benchmarks.common import (
     IDEAL_COLUMNS,
     Config,
     Measure,
@@ -35,6 +34,7 @@ from prefetch.bench.common import (
     median,
     timed_epoch,
 )
+from prefetch import BackgroundLoader
 
 __all__ = ["JitterySource", "comparison_variants", "loader_epoch", "run"]
 

@@ -19,9 +19,7 @@ from typing import Any
 
 import prefetch_generator
 
-from prefetch import BackgroundLoader
-from prefetch._adaptive_depth import DEFAULT_MAX_DEPTH
-from prefetch.bench.common import (
+from benchmarks.common import (
     Column,
     Config,
     Measure,
@@ -31,6 +29,8 @@ from prefetch.bench.common import (
     interleave,
     median,
 )
+from prefetch import BackgroundLoader
+from prefetch._adaptive_depth import DEFAULT_MAX_DEPTH
 from prefetch.compat import BackgroundGenerator as CompatGenerator
 
 __all__ = ["DEPTHS", "run"]

@@ -17,9 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from prefetch import BackgroundLoader
-from prefetch.bench.baselines import DataLoaderX
-from prefetch.bench.common import (
+from benchmarks.baselines import DataLoaderX
+from benchmarks.common import (
     Column,
     Config,
     Measure,
@@ -30,7 +29,8 @@ from prefetch.bench.common import (
     median,
     timed_epoch,
 )
-from prefetch.bench.data import SyntheticImages, small_cnn
+from benchmarks.data import SyntheticImages, small_cnn
+from prefetch import BackgroundLoader
 
 __all__ = ["LOADERS", "run"]
 

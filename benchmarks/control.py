@@ -15,8 +15,7 @@ from typing import Any
 
 import prefetch_generator
 
-from prefetch import BackgroundLoader
-from prefetch.bench.common import (
+from benchmarks.common import (
     Column,
     Config,
     Measure,
@@ -27,6 +26,7 @@ from prefetch.bench.common import (
     median,
     timed_epoch,
 )
+from prefetch import BackgroundLoader
 
 __all__ = ["run"]
 

@@ -4,7 +4,7 @@ A workload builds a few *variants* (callables that run one epoch and return
 their measurements), hands them to :func:`interleave`, which runs them
 ``A B C A B C ...`` so that drift of a shared machine hits every variant
 alike, and turns the samples into a :class:`WorkloadResult` that
-:mod:`prefetch.bench.report` writes as JSON, reST and PNG.
+:mod:`benchmarks.report` writes as JSON, reST and PNG.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from prefetch.bench.progress import ProgressBar
+from prefetch._progress import ProgressBar
 
 __all__ = [
     "IDEAL_COLUMNS",
