@@ -1,4 +1,4 @@
-"""Smoke tests of ``python -m benchmarks`` and ``python -m prefetch.demo``.
+"""Smoke tests of ``python -m benchmarks`` (the benchmarks, outside the package).
 
 They check that the commands run and write what the docs include; they never
 assert on timings (the machines are shared and noisy).
@@ -233,14 +233,3 @@ def test_bursty_quick_run_compares_four_configurations(tmp_path: Path) -> None:
         assert (tmp_path / "depth_trace.png").stat().st_size > 0
         assert (tmp_path / "bursty.png").stat().st_size > 0
         assert ".. image:: depth_trace.png" in (tmp_path / "results.rst").read_text("utf-8")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(90)
-def test_demo_prints_the_comparison_table() -> None:
-    done = run_module("prefetch.demo", "--epochs", "1", "--batches", "4", timeout=80)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "waited for data" in done.stdout
-    assert "plain DataLoader" in done.stdout
-    assert "BackgroundLoader(DataLoader)" in done.stdout
-    assert "identical" in done.stdout
