@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "same batches, same order).\n"
         f"The prefetched loop {wrapped.stats.summary()} in its last epoch.\n"
         "Prefetching hides loading only when it releases the GIL (file reads, torch ops,\n"
-        "DataLoader worker processes) and a core is free; the Benchmarks page of the docs has more.",
+        "DataLoader worker processes) and a core is free; the docs' Benchmarks page has more.",
         flush=True,
     )
     return 0
