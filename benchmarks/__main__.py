@@ -11,6 +11,7 @@ import argparse
 import datetime
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import sys
@@ -29,6 +30,10 @@ from benchmarks.report import text_table, write_all
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 """Where the results go by default: the repository's ``docs/benchmarks/``, not the cwd's."""
+
+BENCH_EXTRA = ("matplotlib", "numpy", "prefetch_generator")
+"""The modules of the ``bench`` extra (setup.cfg) that the workloads and plots import."""
+INSTALL_HINT = 'pip install -e ".[bench]"'
 
 INTRO = (
     "These figures come from ``python -m benchmarks`` (``make bench``). Each "
@@ -93,6 +98,11 @@ def _loadavg() -> str:
         return "unknown"
 
 
+def missing_extras() -> list[str]:
+    """Return the modules of the ``bench`` extra that are not installed."""
+    return [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]
+
+
 def run_workload(name: str, config: Config) -> WorkloadResult:
     """Import and run one workload; an exception becomes an ``error`` record."""
     try:
@@ -107,8 +117,22 @@ def run_workload(name: str, config: Config) -> WorkloadResult:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the selected workloads, print their tables and write the reports."""
+    """Run the selected workloads, print their tables and write the reports.
+
+    Returns:
+        0 when every workload ran (or was skipped), 1 when one raised, 2 when
+        the ``bench`` extra is not installed (nothing runs; the message says
+        what to install).
+    """
     args = parse_args(argv)
+    missing = missing_extras()
+    if missing:
+        print(
+            f"The benchmarks need the bench extra; missing: {', '.join(missing)}. "
+            f"Install it from the repository root with: {INSTALL_HINT}",
+            file=sys.stderr,
+        )
+        return 2
     config = Config(repeats=args.repeats, quick=args.quick)
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -32,11 +32,11 @@ from benchmarks.common import (
     Column,
     Config,
     Measure,
-    Row,
     Target,
     WorkloadResult,
     interleave,
-    median,
+    row_from,
+    speedup_row,
 )
 from benchmarks.data import MEAN, STD
 from prefetch import BackgroundLoader, CudaPrefetcher, Normalize
@@ -201,36 +201,23 @@ def run(config: Config) -> WorkloadResult:
         plot="bar",
         plot_key="step_ms",
     )
-    base = [run["seconds"] for run in samples[PLAIN]]
     for name in (COMPUTE, COPIES):
-        seconds = [run["seconds"] for run in samples[name]]
-        result.rows.append(
-            Row(
-                name,
-                {"step_ms": median([run["step_ms"] for run in samples[name]])},
-                {"seconds": seconds},
-            )
-        )
+        result.rows.append(row_from(samples, name, ("step_ms", "seconds")))
     for name in makers:
-        seconds = [run["seconds"] for run in samples[name]]
-        hidden = [run["hidden"] for run in samples[name]]
         peaks, reserved = memory[name]
-        result.rows.append(
-            Row(
-                name,
-                {
-                    "step_ms": median([run["step_ms"] for run in samples[name]]),
-                    "speedup": median([b / s for b, s in zip(base, seconds, strict=True)]),
-                    "hidden": median(hidden),
-                    "peak_mib": max(peaks),
-                    "reserved_mib": reserved[-1],
-                    "reserved_growth_mib": reserved[-1] - reserved[0],
-                },
-                {"seconds": seconds, "hidden": hidden, "peak_mib": peaks, "reserved_mib": reserved},
-            )
+        row = speedup_row(
+            samples,
+            name,
+            PLAIN,
+            ("step_ms", "hidden"),
+            peak_mib=max(peaks),
+            reserved_mib=reserved[-1],
+            reserved_growth_mib=reserved[-1] - reserved[0],
         )
+        row.samples.update(peak_mib=peaks, reserved_mib=reserved)
+        result.rows.append(row)
         if name.startswith("CudaPrefetcher"):
-            share = median(hidden)
+            share = float(row.values["hidden"])
             flat = reserved[-1] <= reserved[0] * 1.02 and peaks[-1] <= peaks[0] * 1.02
             result.targets.append(
                 Target(f"gpu {name}: copy >= 95% hidden", share >= HIDDEN_TARGET, f"{share:.0%}")

@@ -28,6 +28,7 @@ from benchmarks.common import (
     WorkloadResult,
     interleave,
     median,
+    paired_ratios,
 )
 from prefetch import BackgroundLoader
 from prefetch._adaptive_depth import DEFAULT_MAX_DEPTH
@@ -135,7 +136,7 @@ def run(config: Config) -> WorkloadResult:
         for family in FAMILIES:
             name = f"{family} d={depth}"
             mine = overheads(name)
-            ratios = [m / r for m, r in zip(mine, reference, strict=True) if r > 0]
+            ratios = paired_ratios(mine, reference)
             result.rows.append(
                 Row(
                     name,

@@ -31,7 +31,7 @@ from benchmarks.common import (
     ideal_reference,
     ideal_row,
     interleave,
-    median,
+    median_ratio,
     timed_epoch,
 )
 from prefetch import BackgroundLoader
@@ -193,12 +193,7 @@ def run(config: Config) -> WorkloadResult:
             f"{vs_ideal:.3f} of ideal (learned: {float(rows[LEARNED].values['vs_ideal']):.3f})",
         )
     )
-    ahead = median(
-        [
-            mine["seconds"] / theirs["seconds"]
-            for mine, theirs in zip(samples[AUTO], samples[BG_DEFAULT], strict=True)
-        ]
-    )
+    ahead = median_ratio(samples, AUTO, BG_DEFAULT)
     result.targets.append(
         Target(
             "jittery: depth=auto (default) ahead of BackgroundGenerator default",
