@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     config = Config(repeats=args.repeats, quick=args.quick)
     meta: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "prefetch": prefetch.__version__,
