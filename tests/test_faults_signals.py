@@ -186,15 +186,23 @@ def drive_sigint(kind: str, rounds: int) -> str:
             )
         time.sleep(rng.uniform(0.0, 0.3))
         started = time.monotonic()
+        exited = False
         for _attempt in range(3):
             proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=5)
+                exited = True
                 break
             except subprocess.TimeoutExpired:
                 repeats += 1  # swallowed by an at-fork hook or a __del__, as above
-        rc, err, _ = finish(proc, timeout=1)
         seconds = time.monotonic() - started
+        assert exited, f"{kind}: still running {seconds:.1f} s after three final SIGINTs"
+        # The script has ended. Its stdout/stderr reach EOF once every process that
+        # inherited them has ended too: a SIGINT inside DataLoader's own worker start-up
+        # (iter(loader), before prefetch has the iterator) leaves forked workers that
+        # exit when they see their parent gone, within ~5 s. Same bound as the
+        # no-process-left check below.
+        rc, err, _ = finish(proc, timeout=10)
     except AssertionError as failure:
         raise AssertionError(f"{failure}\n{kind} stderr:\n{dump_and_kill(proc)}") from None
     finally:
