@@ -83,6 +83,7 @@ for round in range(ROUNDS):
     try:
         train_forever()
     except KeyboardInterrupt as error:
+        print("interrupted", round, flush=True)  # the driver stops re-sending SIGINT
         frames = traceback.extract_tb(error.__traceback__)
         where = " > ".join(
             f"{os.path.basename(f.filename)}:{f.name}:{f.lineno}" for f in frames[-4:]
@@ -167,17 +168,22 @@ def drive_sigint(kind: str, rounds: int) -> str:
         assert reader.wait_for("ready", timeout=90), f"{kind}: script did not start"
         for round_index in range(rounds):
             time.sleep(rng.uniform(0.0, 0.3))
-            line = None
+            interrupted = None
             for _attempt in range(3):
                 proc.send_signal(signal.SIGINT)
-                line = reader.wait_for("caught", timeout=5)
-                if line is not None:
+                interrupted = reader.wait_for("interrupted", timeout=5)
+                if interrupted is not None:
                     break
                 # Python drops a KeyboardInterrupt raised inside an at-fork hook or a
                 # __del__ ('Exception ignored in ...'), e.g. while DataLoader forks its
-                # workers; a user presses Ctrl-C again.
+                # workers; a user presses Ctrl-C again. Only then: a SIGINT sent while
+                # the script checks for leaks would interrupt the check itself.
                 repeats += 1
-            assert line is not None, f"{kind}: no KeyboardInterrupt after three SIGINTs"
+            assert interrupted is not None, f"{kind}: no KeyboardInterrupt after three SIGINTs"
+            # The leak check waits up to 3 s for the interrupted epoch's thread; a loaded
+            # machine may take longer to report it.
+            line = reader.wait_for("caught", timeout=30)
+            assert line is not None, f"{kind}: interrupted, but no report within 30 s"
             _, got_round, leaked, known, locks = line.split()
             repaired += int(locks)
             # No interrupt may leave a thread behind, wherever it landed.
