@@ -59,6 +59,10 @@ model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
 def train_forever():
+    # torch, not prefetch: an interrupt inside optimizer.step()'s finally block can skip
+    # its set_grad_enabled(prev), leaving autograd off on this thread; a user's next loop
+    # would fail in backward() as this one would.
+    torch.set_grad_enabled(True)
     epoch = 0
     while True:
         loader.set_epoch(epoch)
