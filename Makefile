@@ -1,4 +1,5 @@
 # prefetch: the two commands a newcomer needs are `make demo` and `make test`.
+# CI (.ci/run) runs `make test`: every test. `make test-fast` is the quick edit loop.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TORCH ?= torch==2.13.0
 VENV ?= .venv
@@ -8,13 +9,13 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 GPU_VENV ?= .venv-gpu
 GPU_OUT ?= docs/benchmarks/gpu
-# The GPU benchmark gpu-check runs (repoint it when the benchmarks move).
-GPU_BENCH ?= $(GPU_VENV)/bin/python -m prefetch.bench --workloads gpu --out $(GPU_OUT)
+# The GPU benchmark gpu-check runs.
+GPU_BENCH ?= $(GPU_VENV)/bin/python -m benchmarks --workloads gpu --out $(GPU_OUT)
 
 MUTATION_JOBS ?= 2
 MUTATION_FLOOR ?= 0
 
-.PHONY: help demo test test-gpu gpu-check stress mutation docs doctest lint typecheck bench clean
+.PHONY: help demo test test-fast test-gpu gpu-check stress mutation docs doctest lint typecheck bench dist clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -23,7 +24,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,docs,lint,bench]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,docs,lint,bench,dist]"
 	touch $(STAMP)
 
 demo: $(STAMP)  ## run the built-in demonstration (plain vs prefetched training loop)
@@ -31,6 +32,9 @@ demo: $(STAMP)  ## run the built-in demonstration (plain vs prefetched training 
 
 test: $(STAMP)  ## run the whole test suite (GPU tests skip without CUDA)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)  ## the quick loop: every test not marked slow (subprocesses, Ctrl-C, DDP, soak, bench smoke)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)  ## run only the GPU tests (needs CUDA)
 	$(PY) -m pytest tests/gpu -v -rs $(PYTEST_ARGS)
@@ -55,14 +59,18 @@ doctest: $(STAMP)  ## run every example in the docs and docstrings
 	$(PY) -m sphinx -W --keep-going -b doctest docs docs/_build/doctest
 
 lint: $(STAMP)  ## ruff check and format check
-	$(PY) -m ruff check prefetch tests docs examples tools
-	$(PY) -m ruff format --check prefetch tests docs examples tools
+	$(PY) -m ruff check prefetch benchmarks tests docs examples tools
+	$(PY) -m ruff format --check prefetch benchmarks tests docs examples tools
 
 typecheck: $(STAMP)  ## mypy --strict on the package
 	$(PY) -m mypy
 
 bench: $(STAMP)  ## benchmarks against the baselines; results in docs/benchmarks/
-	$(PY) -m prefetch.bench $(BENCH_ARGS)
+	$(PY) -m benchmarks $(BENCH_ARGS)
+
+dist: $(STAMP)  ## build the sdist and the wheel into dist/ (the wheel holds only prefetch/)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
 
 clean:  ## remove the virtual environment and build outputs
 	rm -rf $(VENV) $(GPU_VENV) docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

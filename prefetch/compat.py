@@ -5,14 +5,22 @@ Change only the import::
     # from prefetch_generator import BackgroundGenerator, background
     from prefetch.compat import BackgroundGenerator, background
 
-and existing code keeps working, with the guarantees of
+and existing code keeps working: the same signatures, the thread starts at
+construction, the object is single-use, ``max_prefetch=N`` buffers what the
+original buffers (``N`` items queued plus the one the thread holds, ``N + 1``
+ahead of you; ``max_prefetch <= 0`` means no bound), and the thread-like
+``join()``, ``is_alive()``, ``daemon`` and ``name`` answer as the original's.
+What changes is what goes wrong, with the guarantees of
 :class:`~prefetch.BackgroundLoader`: an early ``break`` or garbage collection
 stops the thread (and DataLoader workers), ``KeyboardInterrupt`` and
 ``SystemExit`` raised by the generator reach you instead of silently ending
-the data, a dead thread never hangs you, and ``max_prefetch=N`` holds exactly
-``N`` items (the original holds ``N + 1``). As in the original, the thread
-starts at construction and the object is single-use; ``max_prefetch <= 0``
-means no bound.
+the data, and a dead thread never hangs you.
+
+It is not a :class:`threading.Thread` (the thread must not hold the object,
+or garbage collection could not stop it): ``isinstance(g, threading.Thread)``
+is false; ``start()`` raises as it does on a started thread; ``daemon`` and
+``name`` are read-only; the original's internals (``queue``, ``generator``,
+``Continue``, ``run``) do not exist.
 """
 
 from __future__ import annotations
@@ -43,15 +51,29 @@ def _check_max_prefetch(max_prefetch: object) -> int:
     return max_prefetch if max_prefetch >= 1 else sys.maxsize
 
 
+def _depth(max_prefetch: int) -> int:
+    """The depth that buffers what ``prefetch_generator`` buffers at ``max_prefetch``.
+
+    Its thread fills a ``Queue(max_prefetch)`` and then holds one more item
+    while it waits to put it: ``max_prefetch + 1`` items taken from the
+    generator and not yet handed over.
+    """
+    depth = _check_max_prefetch(max_prefetch)
+    return depth if depth == sys.maxsize else depth + 1
+
+
 class BackgroundGenerator(BackgroundIterator[T]):
-    """Iterate ``generator`` in a background thread, ``max_prefetch`` items ahead.
+    """Iterate ``generator`` in a background thread, as ``prefetch_generator`` does.
 
     Same signature as ``prefetch_generator.BackgroundGenerator``; the thread
-    starts now.
+    starts now. ``join()``, ``is_alive()``, ``daemon`` and ``name`` answer
+    for that thread.
 
     Args:
         generator: Any iterable or iterator; it is drained by the thread.
-        max_prefetch: Items held ahead, at most; ``<= 0`` for no bound.
+        max_prefetch: Queued items, at most, as in the original: the thread
+            takes one more from ``generator`` while the queue is full
+            (``max_prefetch + 1`` ahead); ``<= 0`` for no bound.
         preprocess_func: Applied to each item in the thread (deprecated in
             the original too; kept so old calls keep working).
 
@@ -59,8 +81,14 @@ class BackgroundGenerator(BackgroundIterator[T]):
         >>> def squares():
         ...     for i in range(4):
         ...         yield i * i
-        >>> list(BackgroundGenerator(squares(), max_prefetch=2))
+        >>> generator = BackgroundGenerator(squares(), max_prefetch=2)
+        >>> generator.daemon, generator.name.startswith("prefetch-")
+        (True, True)
+        >>> list(generator)
         [0, 1, 4, 9]
+        >>> generator.join(timeout=5)
+        >>> generator.is_alive()
+        False
     """
 
     def __init__(
@@ -80,7 +108,7 @@ class BackgroundGenerator(BackgroundIterator[T]):
         preprocess_func: Callable[[Any], T] | None = None,
     ) -> None:
         check_iterable(generator, "BackgroundGenerator")
-        depth = _check_max_prefetch(max_prefetch)
+        depth = _depth(max_prefetch)
         if preprocess_func is not None and not callable(preprocess_func):
             msg = (
                 f"BackgroundGenerator(preprocess_func=...) expects a callable, "
@@ -98,6 +126,41 @@ class BackgroundGenerator(BackgroundIterator[T]):
     def next(self) -> T:
         """Return the next item (Python 2 style alias kept for drop-in use)."""
         return self.__next__()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the thread ends, as :meth:`threading.Thread.join`.
+
+        The thread ends once the generator is exhausted (or raised) and what
+        it produced fits in the buffer, or once the iteration stops early.
+        """
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        """Return whether the thread is still running, as :meth:`threading.Thread.is_alive`."""
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        """Raise :class:`RuntimeError`, as a started :class:`threading.Thread` does.
+
+        The thread starts at construction, as in the original.
+        """
+        msg = "threads can only be started once (BackgroundGenerator starts at construction)"
+        raise RuntimeError(msg)
+
+    @property
+    def daemon(self) -> bool:
+        """Whether the thread is a daemon: always ``True``, as in the original (read-only)."""
+        return self._thread.daemon
+
+    @property
+    def name(self) -> str:
+        """The thread's name, ``prefetch-N`` (read-only)."""
+        return self._thread.name
+
+    @property
+    def ident(self) -> int | None:
+        """The thread's identifier, as :attr:`threading.Thread.ident`."""
+        return self._thread.ident
 
 
 def background(

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader
-from prefetch.bench.progress import ProgressBar
+from prefetch._progress import ProgressBar
 
 __all__ = ["StorageDataset", "main", "run_epoch"]
 
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "same batches, same order).\n"
         f"The prefetched loop {wrapped.stats.summary()} in its last epoch.\n"
         "Prefetching hides loading only when it releases the GIL (file reads, torch ops,\n"
-        "DataLoader worker processes) and a core is free; see `make bench` for more.",
+        "DataLoader worker processes) and a core is free; the docs' Benchmarks page has more.",
         flush=True,
     )
     return 0

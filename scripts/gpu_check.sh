@@ -16,7 +16,7 @@ set -uo pipefail
 
 GPU_VENV=${GPU_VENV:-.venv-gpu}
 GPU_OUT=${GPU_OUT:-docs/benchmarks/gpu}
-GPU_BENCH=${GPU_BENCH:-"$GPU_VENV/bin/python -m prefetch.bench --workloads gpu --out $GPU_OUT"}
+GPU_BENCH=${GPU_BENCH:-"$GPU_VENV/bin/python -m benchmarks --workloads gpu --out $GPU_OUT"}
 TORCH=${TORCH:-torch==2.13.0}
 TORCH_INDEX=${TORCH_INDEX:-https://pypi.org/simple}
 TEST_LIMIT=${TEST_LIMIT:-300}

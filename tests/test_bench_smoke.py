@@ -1,4 +1,4 @@
-"""Smoke tests of ``python -m prefetch.bench`` and ``python -m prefetch.demo``.
+"""Smoke tests of ``python -m benchmarks`` (the benchmarks, outside the package).
 
 They check that the commands run and write what the docs include; they never
 assert on timings (the machines are shared and noisy).
@@ -6,18 +6,28 @@ assert on timings (the machines are shared and noisy).
 
 from __future__ import annotations
 
+import configparser
 import importlib.util
 import json
+import re
 import subprocess
 import sys
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import pytest
 import torch
 
-from prefetch.bench import WORKLOADS
-from prefetch.bench.__main__ import parse_args
-from prefetch.bench.common import (
+from benchmarks import WORKLOADS
+from benchmarks.__main__ import (
+    BENCH_EXTRA,
+    INSTALL_HINT,
+    RESULTS,
+    main,
+    missing_extras,
+    parse_args,
+)
+from benchmarks.common import (
     Column,
     Config,
     Row,
@@ -26,8 +36,10 @@ from prefetch.bench.common import (
     ideal_reference,
     ideal_row,
     median_ratio,
+    paired_ratios,
+    speedup_row,
 )
-from prefetch.bench.report import format_value, text_table, write_all
+from benchmarks.report import format_value, text_table, write_all
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = {  # a depth trace as the bursty workload records it
@@ -69,178 +81,235 @@ def run_module(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_quick_bench_writes_json_rst_and_plots(tmp_path: Path) -> None:
-    out = tmp_path / "bench"
-    done = run_module("prefetch.bench", "--quick", "--out", str(out), timeout=110)
-    assert done.returncode == 0, done.stdout + done.stderr
-    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    assert set(data) == {"meta", "workloads"}
-    assert data["meta"]["quick"] is True
-    assert data["meta"]["repeats"] == 1
-    assert list(data["workloads"]) == list(WORKLOADS)
-    assert "bursty" in WORKLOADS
-    for name, workload in data["workloads"].items():
-        assert workload["name"] == name
-        assert {"title", "status", "rows", "targets", "columns", "params"} <= set(workload)
-        if workload["status"] == "ok":
-            assert workload["rows"], name
-            if HAVE_MATPLOTLIB:
-                assert (out / f"{name}.png").stat().st_size > 0
-            for row in workload["rows"]:
-                assert {"variant", "values", "samples"} <= set(row)
-            for target in workload["targets"]:
-                assert isinstance(target["passed"], bool)
-    gpu = data["workloads"]["gpu"]
-    if not torch.cuda.is_available():
-        assert gpu["status"] == "skipped"
-        assert gpu["rows"] == [] and "cuda" in gpu["reason"].lower()
-        assert "skipped" in done.stdout
-    if HAVE_MATPLOTLIB:
-        assert (out / "depth_trace.png").stat().st_size > 0
-    handoff = {row["variant"] for row in data["workloads"]["handoff"]["rows"]}
-    assert "BackgroundLoader depth=auto (default)" in handoff
-    rst = (out / "results.rst").read_text(encoding="utf-8")
-    assert "Hand-off overhead per item\n--------------------------" in rst
-    assert ".. list-table::" in rst
-    assert "PASS" in done.stdout or "MISS" in done.stdout
+class TestCommandLine:
+    """``python -m benchmarks``: its arguments, output folder, missing extra and quick run."""
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(120)
+    def test_quick_run_writes_json_rst_and_plots(self, tmp_path: Path) -> None:
+        """The quick run (CI's only benchmark run) writes every workload to JSON, reST and PNG."""
+        if missing_extras():
+            pytest.skip(f"the bench extra is not installed ({INSTALL_HINT})")
+        out = tmp_path / "bench"
+        done = run_module("benchmarks", "--quick", "--out", str(out), timeout=110)
+        assert done.returncode == 0, done.stdout + done.stderr
+        data = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        assert set(data) == {"meta", "workloads"}
+        assert data["meta"]["quick"] is True
+        assert data["meta"]["repeats"] == 1
+        assert list(data["workloads"]) == list(WORKLOADS)
+        assert "bursty" in WORKLOADS
+        for name, workload in data["workloads"].items():
+            assert workload["name"] == name
+            assert {"title", "status", "rows", "targets", "columns", "params"} <= set(workload)
+            if workload["status"] == "ok":
+                assert workload["rows"], name
+                if HAVE_MATPLOTLIB:
+                    assert (out / f"{name}.png").stat().st_size > 0
+                for row in workload["rows"]:
+                    assert {"variant", "values", "samples"} <= set(row)
+                for target in workload["targets"]:
+                    assert isinstance(target["passed"], bool)
+        gpu = data["workloads"]["gpu"]
+        if not torch.cuda.is_available():
+            assert gpu["status"] == "skipped"
+            assert gpu["rows"] == [] and "cuda" in gpu["reason"].lower()
+            assert "skipped" in done.stdout
+        if HAVE_MATPLOTLIB:
+            assert (out / "depth_trace.png").stat().st_size > 0
+        handoff = {row["variant"] for row in data["workloads"]["handoff"]["rows"]}
+        assert "BackgroundLoader depth=auto (default)" in handoff
+        rst = (out / "results.rst").read_text(encoding="utf-8")
+        assert "Hand-off overhead per item\n--------------------------" in rst
+        assert ".. list-table::" in rst
+        assert "PASS" in done.stdout or "MISS" in done.stdout
+
+    def test_arguments(self) -> None:
+        """Workloads run in their fixed order; unknown names and zero repeats are refused."""
+        args = parse_args(["--workloads", "control,handoff", "--quick"])
+        assert args.workloads == ["handoff", "control"]
+        assert parse_args(["--workloads", "control,bursty,jittery"]).workloads == [
+            "jittery",
+            "bursty",
+            "control",
+        ]
+        assert args.repeats == 1
+        assert parse_args([]).repeats == 5
+        with pytest.raises(SystemExit):
+            parse_args(["--workloads", "nope"])
+        with pytest.raises(SystemExit):
+            parse_args(["--repeats", "0"])
+
+    def test_default_output_is_the_repository_docs(self) -> None:
+        """Results go to this repository's docs/benchmarks/, whatever the working directory."""
+        assert RESULTS == ROOT / "docs" / "benchmarks"
+        assert parse_args([]).out == RESULTS
+
+    def test_bench_extra_is_the_setup_cfg_extra(self) -> None:
+        """The modules checked before a run are the bench extra of setup.cfg."""
+        parser = configparser.ConfigParser()
+        parser.read(ROOT / "setup.cfg", encoding="utf-8")
+        lines = parser["options.extras_require"]["bench"].split()
+        names = {re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0].replace("-", "_") for line in lines}
+        assert names == set(BENCH_EXTRA)
+
+    def test_missing_extra_says_what_to_install(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Without a bench module nothing runs and the message names the extra to install."""
+        real = importlib.util.find_spec
+
+        def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+            return None if name == "prefetch_generator" else real(name, package)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        out = tmp_path / "results"
+        assert main(["--quick", "--out", str(out)]) == 2
+        message = capsys.readouterr().err
+        assert "missing: " in message and "prefetch_generator" in message
+        assert INSTALL_HINT in message and INSTALL_HINT == 'pip install -e ".[bench]"'
+        assert not out.exists()
 
 
-def test_bench_arguments() -> None:
-    args = parse_args(["--workloads", "control,handoff", "--quick"])
-    assert args.workloads == ["handoff", "control"]
-    assert parse_args(["--workloads", "control,bursty,jittery"]).workloads == [
-        "jittery",
-        "bursty",
-        "control",
-    ]
-    assert args.repeats == 1
-    assert parse_args([]).repeats == 5
-    with pytest.raises(SystemExit):
-        parse_args(["--workloads", "nope"])
-    with pytest.raises(SystemExit):
-        parse_args(["--repeats", "0"])
+class TestMeasures:
+    """The shared measuring code: per-repeat ratios, medians and rows."""
+
+    def test_median_ratio_pairs_runs_of_the_same_repeat(self) -> None:
+        """Ratios pair the runs of one repeat, then take the median."""
+        samples = {"a": [{"seconds": 2.0}, {"seconds": 4.0}, {"seconds": 3.0}]}
+        samples["b"] = [{"seconds": 1.0}, {"seconds": 2.0}, {"seconds": 3.0}]
+        assert median_ratio(samples, "a", "b") == 2.0
+
+    def test_paired_ratios_skip_a_zero_denominator(self) -> None:
+        """A zero denominator is skipped; unequal lengths are an error."""
+        assert paired_ratios([4.0, 6.0, 5.0], [2.0, 3.0, 0.0]) == [2.0, 2.0]
+        with pytest.raises(ValueError):
+            paired_ratios([1.0], [1.0, 2.0])
+
+    def test_speedup_row_is_baseline_over_variant(self) -> None:
+        """speedup is the median of baseline / variant time per repeat; extras are kept."""
+        samples = {
+            "plain": [{"seconds": 2.0, "wait": 0.5}, {"seconds": 6.0, "wait": 0.1}] * 2,
+            "fast": [{"seconds": 1.0, "wait": 0.1}, {"seconds": 1.0, "wait": 0.3}] * 2,
+        }
+        samples["plain"].append({"seconds": 3.0, "wait": 0.2})
+        samples["fast"].append({"seconds": 1.0, "wait": 0.2})
+        row = speedup_row(samples, "fast", "plain", ("wait",), loader="workers=0")
+        assert row.values["speedup"] == 3.0  # median of 2, 6, 2, 6, 3
+        assert row.values["wait"] == 0.2 and row.values["loader"] == "workers=0"
+        assert row.samples["seconds"] == [1.0] * 5 and row.samples["wait"][1] == 0.3
+        assert speedup_row(samples, "plain", "plain", ("wait",)).values["speedup"] == 1.0
+
+    def test_ideal_row_takes_per_repeat_ratios_and_leaves_blanks(self) -> None:
+        """vs ideal and speed-up are per-repeat medians; figures a variant lacks stay blank."""
+        samples = {
+            "loader": [
+                {"seconds": 2.0, "wait_fraction": 0.1, "peak_items": 9.0, "depth": 9.0},
+                {"seconds": 4.0, "wait_fraction": 0.3, "peak_items": 5.0, "depth": 4.0},
+                {"seconds": 1.0, "wait_fraction": 0.2, "peak_items": 3.0, "depth": 2.0},
+            ],
+            "generator": [{"seconds": 1.0, "wait_fraction": 0.0}] * 3,
+        }
+        row = ideal_row(samples, "loader", ideals=[1.0, 1.0, 0.9], plain=[4.0, 4.0, 4.0])
+        assert row.values["vs_ideal"] == 0.5  # median of 0.5, 0.25, 0.9
+        assert row.values["speedup"] == 2.0
+        assert row.values["peak_items"] == 5.0 and row.values["depth"] == 4.0
+        assert row.values["peak_mib"] == ""
+        other = ideal_row(samples, "generator", ideals=[1.0] * 3, plain=[2.0] * 3)
+        assert other.values["peak_items"] == "" and other.values["vs_ideal"] == 1.0
+        reference = ideal_reference([1.0, 3.0, 2.0])
+        assert reference.values["seconds"] == 2.0 and reference.values["depth"] == ""
 
 
-def test_median_ratio_pairs_runs_of_the_same_repeat() -> None:
-    samples = {"a": [{"seconds": 2.0}, {"seconds": 4.0}, {"seconds": 3.0}]}
-    samples["b"] = [{"seconds": 1.0}, {"seconds": 2.0}, {"seconds": 3.0}]
-    assert median_ratio(samples, "a", "b") == 2.0
+class TestReport:
+    """The reST page and JSON file the docs include."""
+
+    def test_report_is_valid_rest(self, tmp_path: Path) -> None:
+        """The page is valid reST with one section per workload; blanks and n/a are kept apart."""
+        docutils_core = pytest.importorskip("docutils.core")
+        result = WorkloadResult(
+            name="demo",
+            title="A *demo* workload",
+            status="ok",
+            description="What it measures | with odd characters.",
+            columns=[Column("seconds", "epoch s"), Column("ratio", "speed-up", "{:.2f}x")],
+            rows=[
+                Row("plain", {"seconds": 1.0, "ratio": 1.0}, {"seconds": [1.0]}),
+                Row("wrapped", {"seconds": 0.5, "ratio": float("nan")}, {"seconds": [0.5]}),
+                Row("blank", {"seconds": 0.7, "ratio": ""}, {"seconds": [0.7]}),
+            ],
+            targets=[Target("faster", True, "2.00x")],
+            plot="bar",
+            trace=TRACE,
+            trace_plot="demo_trace.png",
+        )
+        skipped = WorkloadResult(name="gpu", title="GPU", status="skipped", reason="no CUDA")
+        written = write_all([result, skipped], dict(META), tmp_path, "Intro text.")
+        plots = {"demo.png", "demo_trace.png"} if HAVE_MATPLOTLIB else set()
+        assert {p.name for p in written} == {"results.rst", "results.json"} | plots
+        assert "wrapped" in text_table(result) and "-" in text_table(result)
+        assert format_value(result.columns[1], result.rows[2].values) == ""  # blank, not n/a
+        assert format_value(result.columns[1], result.rows[1].values) == "n/a"
+        rst = (tmp_path / "results.rst").read_text(encoding="utf-8")
+        assert not any(line.endswith(" ") for line in rst.splitlines())
+        assert (".. image:: demo_trace.png" in rst) == HAVE_MATPLOTLIB
+        page = "Benchmarks\n==========\n\n" + rst  # as a docs page including it
+        doctree = docutils_core.publish_doctree(page, settings_overrides={"warning_stream": False})
+        messages = [node.astext() for node in doctree.findall() if node.tagname == "system_message"]
+        assert not messages
+        sections = [node for node in doctree.findall() if node.tagname == "section"]
+        assert len(sections) == 2  # one subsection per workload, under the page title
+        data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+        assert data["workloads"]["demo"]["rows"][1]["values"]["ratio"] is None
+        assert data["workloads"]["gpu"]["status"] == "skipped"
+        assert data["workloads"]["demo"]["trace"]["events"][1]["reason"] == "hold"
 
 
-def test_gpu_workload_is_skipped_without_cuda() -> None:
-    if torch.cuda.is_available():
-        pytest.skip("CUDA present: the GPU workload would run")
-    from prefetch.bench import gpu
+class TestWorkloads:
+    """Single workloads at smoke-test sizes."""
 
-    result = gpu.run(Config(repeats=1, quick=True))
-    assert result.status == "skipped"
-    assert result.rows == [] and result.targets == []
+    def test_gpu_workload_is_skipped_without_cuda(self) -> None:
+        """Without CUDA the GPU workload reports itself skipped, with no figures."""
+        if torch.cuda.is_available():
+            pytest.skip("CUDA present: the GPU workload would run")
+        from benchmarks import gpu
 
+        result = gpu.run(Config(repeats=1, quick=True))
+        assert result.status == "skipped"
+        assert result.rows == [] and result.targets == []
 
-def test_report_is_valid_rest(tmp_path: Path) -> None:
-    docutils_core = pytest.importorskip("docutils.core")
-    result = WorkloadResult(
-        name="demo",
-        title="A *demo* workload",
-        status="ok",
-        description="What it measures | with odd characters.",
-        columns=[Column("seconds", "epoch s"), Column("ratio", "speed-up", "{:.2f}x")],
-        rows=[
-            Row("plain", {"seconds": 1.0, "ratio": 1.0}, {"seconds": [1.0]}),
-            Row("wrapped", {"seconds": 0.5, "ratio": float("nan")}, {"seconds": [0.5]}),
-            Row("blank", {"seconds": 0.7, "ratio": ""}, {"seconds": [0.7]}),
-        ],
-        targets=[Target("faster", True, "2.00x")],
-        plot="bar",
-        trace=TRACE,
-        trace_plot="demo_trace.png",
-    )
-    skipped = WorkloadResult(name="gpu", title="GPU", status="skipped", reason="no CUDA")
-    written = write_all([result, skipped], dict(META), tmp_path, "Intro text.")
-    plots = {"demo.png", "demo_trace.png"} if HAVE_MATPLOTLIB else set()
-    assert {p.name for p in written} == {"results.rst", "results.json"} | plots
-    assert "wrapped" in text_table(result) and "-" in text_table(result)
-    assert format_value(result.columns[1], result.rows[2].values) == ""  # blank, not n/a
-    assert format_value(result.columns[1], result.rows[1].values) == "n/a"
-    rst = (tmp_path / "results.rst").read_text(encoding="utf-8")
-    assert not any(line.endswith(" ") for line in rst.splitlines())
-    assert (".. image:: demo_trace.png" in rst) == HAVE_MATPLOTLIB
-    page = "Benchmarks\n==========\n\n" + rst  # as a docs page including it
-    doctree = docutils_core.publish_doctree(page, settings_overrides={"warning_stream": False})
-    messages = [node.astext() for node in doctree.findall() if node.tagname == "system_message"]
-    assert not messages
-    sections = [node for node in doctree.findall() if node.tagname == "section"]
-    assert len(sections) == 2  # one subsection per workload, under the page title
-    data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
-    assert data["workloads"]["demo"]["rows"][1]["values"]["ratio"] is None
-    assert data["workloads"]["gpu"]["status"] == "skipped"
-    assert data["workloads"]["demo"]["trace"]["events"][1]["reason"] == "hold"
+    @pytest.mark.slow
+    @pytest.mark.timeout(60)
+    def test_bursty_quick_run_compares_four_configurations(self, tmp_path: Path) -> None:
+        """The bursty workload compares depth=auto with fixed depths, its bounds and its trace."""
+        from benchmarks import bursty, jittery
 
-
-def test_ideal_row_takes_per_repeat_ratios_and_leaves_blanks() -> None:
-    samples = {
-        "loader": [
-            {"seconds": 2.0, "wait_fraction": 0.1, "peak_items": 9.0, "depth": 9.0},
-            {"seconds": 4.0, "wait_fraction": 0.3, "peak_items": 5.0, "depth": 4.0},
-            {"seconds": 1.0, "wait_fraction": 0.2, "peak_items": 3.0, "depth": 2.0},
-        ],
-        "generator": [{"seconds": 1.0, "wait_fraction": 0.0}] * 3,
-    }
-    row = ideal_row(samples, "loader", ideals=[1.0, 1.0, 0.9], plain=[4.0, 4.0, 4.0])
-    assert row.values["vs_ideal"] == 0.5  # median of 0.5, 0.25, 0.9
-    assert row.values["speedup"] == 2.0
-    assert row.values["peak_items"] == 5.0 and row.values["depth"] == 4.0
-    assert row.values["peak_mib"] == ""
-    other = ideal_row(samples, "generator", ideals=[1.0] * 3, plain=[2.0] * 3)
-    assert other.values["peak_items"] == "" and other.values["vs_ideal"] == 1.0
-    reference = ideal_reference([1.0, 3.0, 2.0])
-    assert reference.values["seconds"] == 2.0 and reference.values["depth"] == ""
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(60)
-def test_bursty_quick_run_compares_four_configurations(tmp_path: Path) -> None:
-    from prefetch.bench import bursty, jittery
-
-    result = bursty.run(Config(repeats=1, quick=True))
-    assert result.status == "ok"
-    rows = {row.variant: row.values for row in result.rows}
-    configurations = [jittery.AUTO, jittery.DEPTH_2, jittery.DEPTH_8, jittery.BG_DEFAULT]
-    assert set(configurations) | {"ideal", jittery.PLAIN, jittery.LEARNED} <= set(rows)
-    for name in configurations:
-        assert 0.0 < float(rows[name]["vs_ideal"]) < 2.0, name
-    assert rows[jittery.DEPTH_2]["depth"] == 2.0 and rows[jittery.DEPTH_8]["depth"] == 8.0
-    assert float(rows[jittery.DEPTH_2]["peak_items"]) <= 2.0  # a fixed depth is exact
-    assert 1.0 <= float(rows[jittery.AUTO]["peak_items"]) <= 32.0
-    assert rows[jittery.BG_DEFAULT]["peak_items"] == ""  # a baseline reports none
-    assert float(rows[bursty.BYTES_AUTO]["peak_mib"]) <= bursty.MAX_BYTES / 2**20
-    names = " | ".join(target.name for target in result.targets)
-    for part in ("depth=auto (default, fresh loader) >= 0.9", "throughput-bound", "max_bytes"):
-        assert part in names
-    assert all(isinstance(target.passed, bool) for target in result.targets)
-    trace = result.trace
-    assert trace["items"] == 40 and len(trace["waits_ms"]) == 40
-    assert trace["start_depth"] == 2 and trace["slow_items"][0] == 10
-    for event in trace["events"]:
-        assert {"item", "seconds", "old", "new", "reason"} <= set(event)
-        assert 1 <= event["item"] <= 40 and event["reason"]
-    write_all([result], dict(META), tmp_path, "Intro.")
-    data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
-    assert data["workloads"]["bursty"]["trace"]["items"] == 40
-    if HAVE_MATPLOTLIB:
-        assert (tmp_path / "depth_trace.png").stat().st_size > 0
-        assert (tmp_path / "bursty.png").stat().st_size > 0
-        assert ".. image:: depth_trace.png" in (tmp_path / "results.rst").read_text("utf-8")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(90)
-def test_demo_prints_the_comparison_table() -> None:
-    done = run_module("prefetch.demo", "--epochs", "1", "--batches", "4", timeout=80)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "waited for data" in done.stdout
-    assert "plain DataLoader" in done.stdout
-    assert "BackgroundLoader(DataLoader)" in done.stdout
-    assert "identical" in done.stdout
+        result = bursty.run(Config(repeats=1, quick=True))
+        assert result.status == "ok"
+        rows = {row.variant: row.values for row in result.rows}
+        configurations = [jittery.AUTO, jittery.DEPTH_2, jittery.DEPTH_8, jittery.BG_DEFAULT]
+        assert set(configurations) | {"ideal", jittery.PLAIN, jittery.LEARNED} <= set(rows)
+        for name in configurations:
+            assert 0.0 < float(rows[name]["vs_ideal"]) < 2.0, name
+        assert rows[jittery.DEPTH_2]["depth"] == 2.0 and rows[jittery.DEPTH_8]["depth"] == 8.0
+        assert float(rows[jittery.DEPTH_2]["peak_items"]) <= 2.0  # a fixed depth is exact
+        assert 1.0 <= float(rows[jittery.AUTO]["peak_items"]) <= 32.0
+        assert rows[jittery.BG_DEFAULT]["peak_items"] == ""  # a baseline reports none
+        assert float(rows[bursty.BYTES_AUTO]["peak_mib"]) <= bursty.MAX_BYTES / 2**20
+        names = " | ".join(target.name for target in result.targets)
+        for part in ("depth=auto (default, fresh loader) >= 0.9", "throughput-bound", "max_bytes"):
+            assert part in names
+        assert all(isinstance(target.passed, bool) for target in result.targets)
+        trace = result.trace
+        assert trace["items"] == 40 and len(trace["waits_ms"]) == 40
+        assert trace["start_depth"] == 2 and trace["slow_items"][0] == 10
+        for event in trace["events"]:
+            assert {"item", "seconds", "old", "new", "reason"} <= set(event)
+            assert 1 <= event["item"] <= 40 and event["reason"]
+        write_all([result], dict(META), tmp_path, "Intro.")
+        data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+        assert data["workloads"]["bursty"]["trace"]["items"] == 40
+        if HAVE_MATPLOTLIB:
+            assert (tmp_path / "depth_trace.png").stat().st_size > 0
+            assert (tmp_path / "bursty.png").stat().st_size > 0
+            assert ".. image:: depth_trace.png" in (tmp_path / "results.rst").read_text("utf-8")

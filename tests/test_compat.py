@@ -31,6 +31,19 @@ def drain_original(generator: Any) -> None:
         generator.join(0.01)
 
 
+def settled(counter: list[int], quiet: float = 0.2, limit: float = 10.0) -> int:
+    """Return ``counter[0]`` once it has not changed for ``quiet`` seconds."""
+    deadline = time.monotonic() + limit
+    last, since = counter[0], time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        if counter[0] != last:
+            last, since = counter[0], time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return last
+    raise AssertionError(f"the producer never settled (at {counter[0]})")
+
+
 class TestSameBehaviour:
     """Code written for prefetch_generator works unchanged with compat."""
 
@@ -70,31 +83,75 @@ class TestSameBehaviour:
             assert list(count(5)) == [0, 1, 2, 3, 4]
             assert count.__name__ == "count"
 
-    def test_max_prefetch_is_exact(self) -> None:
-        """compat holds max_prefetch items ahead, where the original holds one more."""
-        produced = 0
-
-        def source() -> Iterator[int]:
-            nonlocal produced
-            for i in range(20):
-                produced += 1
-                yield i
-
+    @pytest.mark.parametrize("max_prefetch", [1, 2, 5])
+    def test_max_prefetch_buffers_as_the_original(self, max_prefetch: int) -> None:
+        """At the same max_prefetch both take max_prefetch + 1 items ahead of the consumer."""
         leads = {}
         for name, cls in IMPLEMENTATIONS.items():
-            produced = 0
-            generator = cls(source(), max_prefetch=2)
-            ahead = []
-            for received, _ in enumerate(generator, start=1):
-                time.sleep(0.005)
-                ahead.append(produced - received)
-            leads[name] = max(ahead)
-        assert leads == {"original": 3, "compat": 2}
+            produced = [0]
+
+            def source(counter: list[int] = produced) -> Iterator[int]:
+                for i in range(50):
+                    counter[0] += 1
+                    yield i
+
+            generator = cls(source(), max_prefetch=max_prefetch)
+            first = settled(produced)
+            assert next(generator) == 0
+            second = settled(produced) - 1
+            leads[name] = (first, second)
+            list(generator)
+        expected = (max_prefetch + 1, max_prefetch + 1)
+        assert leads == {"original": expected, "compat": expected}
 
     def test_bad_max_prefetch(self) -> None:
         """A non-int max_prefetch is a TypeError naming the argument."""
         with pytest.raises(TypeError, match=r"max_prefetch=.*got '2'"):
             compat.BackgroundGenerator(iter([]), max_prefetch="2")  # type: ignore[arg-type]
+
+
+class TestThreadLike:
+    """The Thread methods code calls on the original answer the same on compat."""
+
+    @pytest.mark.parametrize("name", IMPLEMENTATIONS)
+    def test_join_and_is_alive(self, name: str) -> None:
+        """Alive while blocked on a full buffer; join(timeout) returns; ended once drained."""
+        generator = IMPLEMENTATIONS[name](iter(range(10)), max_prefetch=1)
+        assert generator.is_alive()
+        generator.join(timeout=0.05)
+        assert generator.is_alive()  # blocked: nobody consumes
+        assert list(generator) == list(range(10))
+        generator.join(timeout=5)
+        assert not generator.is_alive()
+
+    @pytest.mark.parametrize("name", IMPLEMENTATIONS)
+    def test_daemon_name_ident_and_start(self, name: str) -> None:
+        """A daemon thread with a name and an ident, already started (start() raises)."""
+        generator = IMPLEMENTATIONS[name](iter(range(3)))
+        assert generator.daemon is True
+        assert isinstance(generator.name, str) and generator.name
+        assert isinstance(generator.ident, int)
+        with pytest.raises(RuntimeError, match="started once"):
+            generator.start()
+        assert list(generator) == [0, 1, 2]
+        generator.join(timeout=5)
+
+    def test_stated_differences(self) -> None:
+        """Not a Thread subclass, read-only daemon/name, no internals: as the docs say."""
+        original = prefetch_generator.BackgroundGenerator(iter(range(3)))
+        ours = compat.BackgroundGenerator(iter(range(3)))
+        assert isinstance(original, threading.Thread)
+        assert not isinstance(ours, threading.Thread)
+        assert ours.name.startswith("prefetch-")
+        with pytest.raises(RuntimeError):
+            original.daemon = False  # type: ignore[misc]
+        with pytest.raises(AttributeError):
+            ours.daemon = False  # type: ignore[misc]
+        for attribute in ("queue", "generator", "Continue", "run"):
+            assert hasattr(original, attribute)
+            assert not hasattr(ours, attribute)
+        assert list(original) == list(ours) == [0, 1, 2]
+        original.join(timeout=5)
 
 
 class TestWhereTheOriginalFails:

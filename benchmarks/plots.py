@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
-from prefetch.bench.common import WorkloadResult
+from benchmarks.common import WorkloadResult
 
 __all__ = ["plot_depth_trace", "plot_workload"]
 

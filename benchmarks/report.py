@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefetch.bench.common import Column, Row, WorkloadResult
+from benchmarks.common import Column, Row, WorkloadResult
 
 __all__ = ["format_value", "text_table", "write_all"]
 
@@ -120,7 +120,7 @@ def write_rst(
 ) -> Path:
     """Write ``results.rst``: an introduction, then one subsection per workload."""
     lines = [
-        ".. This file is written by ``python -m prefetch.bench``; do not edit it by hand.",
+        ".. This file is written by ``python -m benchmarks``; do not edit it by hand.",
         "",
         intro,
         "",
@@ -167,7 +167,7 @@ def write_plots(results: Sequence[WorkloadResult], out: Path) -> list[Path]:
     Without matplotlib no plot is written (and the reST page shows none).
     """
     try:
-        from prefetch.bench.plots import plot_depth_trace, plot_workload
+        from benchmarks.plots import plot_depth_trace, plot_workload
     except ImportError:
         print("matplotlib is not installed: no plots written", file=sys.stderr)
         return []

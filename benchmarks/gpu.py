@@ -8,7 +8,7 @@ normalising on the GPU:
 
 * a plain loop: ``.to(device, non_blocking=True)`` then normalise, on the
   training stream;
-* the apex and timm one-ahead prefetchers (:mod:`prefetch.bench.baselines`);
+* the apex and timm one-ahead prefetchers (:mod:`benchmarks.baselines`);
   timm's is labelled *racy*: it has neither a fence nor ``record_stream``, so
   the allocator may reuse a batch's memory while the step still reads it
   (it is timed as people use it, not endorsed);
@@ -36,21 +36,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from prefetch import BackgroundLoader, CudaPrefetcher, Normalize
-from prefetch._cuda_prefetcher import Lifetime
-from prefetch.bench.baselines import ApexStylePrefetcher, TimmStylePrefetcher
-from prefetch.bench.common import (
+from benchmarks.baselines import ApexStylePrefetcher, TimmStylePrefetcher
+from benchmarks.common import (
     Column,
     Config,
     Measure,
-    Row,
     Target,
     WorkloadResult,
     interleave,
-    median,
+    row_from,
+    speedup_row,
 )
-from prefetch.bench.data import MEAN, STD
-from prefetch.bench.progress import ProgressBar
+from benchmarks.data import MEAN, STD
+from prefetch import BackgroundLoader, CudaPrefetcher, Normalize
+from prefetch._cuda_prefetcher import Lifetime
+from prefetch._progress import ProgressBar
 
 __all__ = ["run"]
 
@@ -85,8 +85,8 @@ def _same(value: Iterable[Batch]) -> Iterable[Batch]:
 
 def _events_seconds(work: Callable[[], object]) -> float:
     """Return the time ``work`` takes on the current CUDA stream, by events."""
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves it untyped
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves it untyped
     torch.cuda.synchronize()
     start.record()
     work()
@@ -125,7 +125,7 @@ def run(config: Config) -> WorkloadResult:
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(images), labels).backward()  # type: ignore[no-untyped-call]
+        nn.functional.cross_entropy(model(images), labels).backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         optimizer.step()
 
     def plain() -> Iterable[Batch]:
@@ -155,7 +155,7 @@ def run(config: Config) -> WorkloadResult:
     def train(make: Callable[[], Iterable[Batch]], marks: list[Any] | None = None) -> None:
         for images, labels in make():
             if marks is not None and not marks:  # the first hand-over
-                marks.append(torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
+                marks.append(torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]  # torch leaves it untyped
                 marks[0].record()
             step(images, labels)
 
@@ -183,7 +183,7 @@ def run(config: Config) -> WorkloadResult:
     def timed_train(make: Callable[[], Iterable[Batch]]) -> Callable[[], Measure]:
         def measure() -> Measure:
             marks: list[Any] = []
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves it untyped
 
             def work() -> None:
                 train(make, marks)
@@ -237,36 +237,23 @@ def run(config: Config) -> WorkloadResult:
         f"{TIMM}: the allocator may hand a batch's memory to the next copy while the step "
         "still reads it; its figures are not those of a correct prefetcher."
     )
-    base = [run["seconds"] for run in samples[PLAIN]]
     for name in (COMPUTE, COPIES):
-        seconds = [run["seconds"] for run in samples[name]]
-        result.rows.append(
-            Row(
-                name,
-                {"step_ms": median([run["step_ms"] for run in samples[name]])},
-                {"seconds": seconds},
-            )
-        )
+        result.rows.append(row_from(samples, name, ("step_ms", "seconds")))
     for name in makers:
-        seconds = [run["seconds"] for run in samples[name]]
-        hidden = [run["hidden"] for run in samples[name]]
         peaks, reserved = memory[name]
-        result.rows.append(
-            Row(
-                name,
-                {
-                    "step_ms": median([run["step_ms"] for run in samples[name]]),
-                    "speedup": median([b / s for b, s in zip(base, seconds, strict=True)]),
-                    "hidden": median(hidden),
-                    "peak_mib": max(peaks),
-                    "reserved_mib": reserved[-1],
-                    "reserved_growth_mib": reserved[-1] - reserved[0],
-                },
-                {"seconds": seconds, "hidden": hidden, "peak_mib": peaks, "reserved_mib": reserved},
-            )
+        row = speedup_row(
+            samples,
+            name,
+            PLAIN,
+            ("step_ms", "hidden"),
+            peak_mib=max(peaks),
+            reserved_mib=reserved[-1],
+            reserved_growth_mib=reserved[-1] - reserved[0],
         )
+        row.samples.update(peak_mib=peaks, reserved_mib=reserved)
+        result.rows.append(row)
         if name.startswith("CudaPrefetcher"):
-            share = median(hidden)
+            share = float(row.values["hidden"])
             flat = reserved[-1] <= reserved[0] * 1.02 and peaks[-1] <= peaks[0] * 1.02
             result.targets.append(
                 Target(f"gpu {name}: copy >= 95% hidden", share >= HIDDEN_TARGET, f"{share:.0%}")

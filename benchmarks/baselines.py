@@ -29,13 +29,13 @@ __all__ = ["ApexStylePrefetcher", "DataLoaderX", "TimmStylePrefetcher"]
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-class DataLoaderX(DataLoader):  # type: ignore[type-arg]
+class DataLoaderX(DataLoader):  # type: ignore[type-arg]  # the recipe as people copy it
     """``DataLoader`` whose iterator runs in a ``prefetch_generator`` thread."""
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # the recipe returns a generator
         import prefetch_generator  # here: the gpu workload runs where it is not installed
 
-        return prefetch_generator.BackgroundGenerator(super().__iter__())  # type: ignore[no-any-return]
+        return prefetch_generator.BackgroundGenerator(super().__iter__())  # type: ignore[no-any-return]  # prefetch_generator is untyped
 
 
 def _scale(values: tuple[float, float, float], device: torch.device) -> torch.Tensor:
@@ -57,7 +57,7 @@ class ApexStylePrefetcher:
         std: tuple[float, float, float],
     ) -> None:
         self.loader = iter(loader)
-        self.stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+        self.stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]  # torch leaves it untyped
         self.device = device
         self.mean = _scale(mean, device)
         self.std = _scale(std, device)
@@ -117,7 +117,7 @@ class TimmStylePrefetcher:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Pair]:
-        stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]  # torch leaves it untyped
         first = True
         batch_input = target = torch.empty(0)
         for next_input, next_target in self.loader:

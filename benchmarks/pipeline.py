@@ -17,20 +17,19 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from prefetch import BackgroundLoader
-from prefetch.bench.baselines import DataLoaderX
-from prefetch.bench.common import (
+from benchmarks.baselines import DataLoaderX
+from benchmarks.common import (
     Column,
     Config,
     Measure,
-    Row,
     Target,
     WorkloadResult,
     interleave,
-    median,
+    speedup_row,
     timed_epoch,
 )
-from prefetch.bench.data import SyntheticImages, small_cnn
+from benchmarks.data import SyntheticImages, small_cnn
+from prefetch import BackgroundLoader
 
 __all__ = ["LOADERS", "run"]
 
@@ -58,7 +57,7 @@ def run(config: Config) -> WorkloadResult:
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         images, labels = batch
         optimizer.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(images), labels).backward()  # type: ignore[no-untyped-call]
+        nn.functional.cross_entropy(model(images), labels).backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         optimizer.step()
 
     def variant(kwargs: dict[str, Any], wrapper: str) -> Callable[[], Measure]:
@@ -122,24 +121,13 @@ def run(config: Config) -> WorkloadResult:
         "thread count, competing with the step; BackgroundLoader uses num_threads=1."
     )
     for name in LOADERS:
-        plain = [run["seconds"] for run in samples[f"{name} plain"]]
         for wrapper in WRAPPERS:
-            key = f"{name} {wrapper}"
-            seconds = [run["seconds"] for run in samples[key]]
-            waits = [run["wait_fraction"] for run in samples[key]]
-            values: dict[str, float | str] = {
-                "loader": name,
-                "wrapper": wrapper,
-                "seconds": median(seconds),
-                "speedup": median([p / s for p, s in zip(plain, seconds, strict=True)]),
-                "wait_fraction": median(waits),
-            }
-            raw = {"seconds": seconds, "wait_fraction": waits}
+            keys = ["seconds", "wait_fraction"]
             if wrapper == BACKGROUND:
-                reported = [run["reported_wait_fraction"] for run in samples[key]]
-                values["reported_wait_fraction"] = median(reported)
-                raw["reported_wait_fraction"] = reported
-            result.rows.append(Row(key, values, raw))
+                keys.append("reported_wait_fraction")
+            key = f"{name} {wrapper}"
+            row = speedup_row(samples, key, f"{name} plain", keys, loader=name, wrapper=wrapper)
+            result.rows.append(row)
     rows = {row.variant: row.values for row in result.rows}
     for name in LOADERS:
         waited = float(rows[f"{name} plain"]["wait_fraction"])

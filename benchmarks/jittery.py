@@ -22,8 +22,7 @@ from typing import Any
 
 import prefetch_generator
 
-from prefetch import BackgroundLoader
-from prefetch.bench.common import (
+from benchmarks.common import (
     IDEAL_COLUMNS,
     Config,
     Measure,
@@ -32,9 +31,10 @@ from prefetch.bench.common import (
     ideal_reference,
     ideal_row,
     interleave,
-    median,
+    median_ratio,
     timed_epoch,
 )
+from prefetch import BackgroundLoader
 
 __all__ = ["JitterySource", "comparison_variants", "loader_epoch", "run"]
 
@@ -193,12 +193,7 @@ def run(config: Config) -> WorkloadResult:
             f"{vs_ideal:.3f} of ideal (learned: {float(rows[LEARNED].values['vs_ideal']):.3f})",
         )
     )
-    ahead = median(
-        [
-            mine["seconds"] / theirs["seconds"]
-            for mine, theirs in zip(samples[AUTO], samples[BG_DEFAULT], strict=True)
-        ]
-    )
+    ahead = median_ratio(samples, AUTO, BG_DEFAULT)
     result.targets.append(
         Target(
             "jittery: depth=auto (default) ahead of BackgroundGenerator default",

@@ -19,9 +19,7 @@ from typing import Any
 
 import prefetch_generator
 
-from prefetch import BackgroundLoader
-from prefetch._adaptive_depth import DEFAULT_MAX_DEPTH
-from prefetch.bench.common import (
+from benchmarks.common import (
     Column,
     Config,
     Measure,
@@ -30,7 +28,10 @@ from prefetch.bench.common import (
     WorkloadResult,
     interleave,
     median,
+    paired_ratios,
 )
+from prefetch import BackgroundLoader
+from prefetch._adaptive_depth import DEFAULT_MAX_DEPTH
 from prefetch.compat import BackgroundGenerator as CompatGenerator
 
 __all__ = ["DEPTHS", "run"]
@@ -135,7 +136,7 @@ def run(config: Config) -> WorkloadResult:
         for family in FAMILIES:
             name = f"{family} d={depth}"
             mine = overheads(name)
-            ratios = [m / r for m, r in zip(mine, reference, strict=True) if r > 0]
+            ratios = paired_ratios(mine, reference)
             result.rows.append(
                 Row(
                     name,

@@ -4,7 +4,7 @@ A workload builds a few *variants* (callables that run one epoch and return
 their measurements), hands them to :func:`interleave`, which runs them
 ``A B C A B C ...`` so that drift of a shared machine hits every variant
 alike, and turns the samples into a :class:`WorkloadResult` that
-:mod:`prefetch.bench.report` writes as JSON, reST and PNG.
+:mod:`benchmarks.report` writes as JSON, reST and PNG.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from prefetch.bench.progress import ProgressBar
+from prefetch._progress import ProgressBar
 
 __all__ = [
     "IDEAL_COLUMNS",
@@ -30,7 +30,9 @@ __all__ = [
     "interleave",
     "median",
     "median_ratio",
+    "paired_ratios",
     "row_from",
+    "speedup_row",
     "timed_epoch",
     "values_of",
 ]
@@ -131,23 +133,48 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
-def median_ratio(samples: Samples, variant: str, baseline: str, key: str = "seconds") -> float:
-    """Return the median over repeats of ``variant[key] / baseline[key]``.
+def paired_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    """Return ``numerator / denominator`` repeat by repeat (skipping a zero denominator).
 
-    Ratios are taken repeat by repeat (runs that were interleaved together),
-    so a slow spell of the machine cancels out.
+    The two sequences hold one figure per repeat, in repeat order: runs that
+    were interleaved together are divided, so a slow spell of the machine
+    cancels out. Every ratio, speed-up and "vs ideal" of the reports is the
+    :func:`median` of such a list.
     """
-    ratios = [
-        mine[key] / base[key]
-        for mine, base in zip(samples[variant], samples[baseline], strict=True)
-        if base[key] > 0
-    ]
-    return median(ratios)
+    return [n / d for n, d in zip(numerators, denominators, strict=True) if d > 0]
 
 
 def values_of(samples: Samples, variant: str, key: str) -> list[float]:
     """Return the ``key`` figure of every run of ``variant``."""
     return [run[key] for run in samples[variant]]
+
+
+def median_ratio(samples: Samples, variant: str, baseline: str, key: str = "seconds") -> float:
+    """Return the median over repeats of ``variant[key] / baseline[key]`` (paired by repeat)."""
+    return median(
+        paired_ratios(values_of(samples, variant, key), values_of(samples, baseline, key))
+    )
+
+
+def speedup_row(
+    samples: Samples,
+    variant: str,
+    baseline: str,
+    keys: Sequence[str],
+    key: str = "seconds",
+    **extra: float | str,
+) -> Row:
+    """Build a :class:`Row` with the median of each of ``keys`` and a ``speedup``.
+
+    ``speedup`` is the median over repeats of ``baseline[key] / variant[key]``
+    (time of the baseline over this variant's, repeat by repeat); ``extra``
+    values are added as they are. The raw samples of ``keys`` and ``key`` go
+    to the JSON file.
+    """
+    row = row_from(samples, variant, keys, **extra)
+    row.values["speedup"] = median_ratio(samples, baseline, variant, key)
+    row.samples.setdefault(key, values_of(samples, variant, key))
+    return row
 
 
 def interleave(
@@ -262,11 +289,11 @@ def ideal_row(
     """
     seconds = values_of(samples, variant, "seconds")
     waits = values_of(samples, variant, "wait_fraction")
-    ratios = [i / s for i, s in zip(ideals, seconds, strict=True) if s > 0]
+    ratios = paired_ratios(ideals, seconds)
     values: dict[str, float | str] = {
         "seconds": median(seconds),
         "vs_ideal": median(ratios),
-        "speedup": median([p / s for p, s in zip(plain, seconds, strict=True) if s > 0]),
+        "speedup": median(paired_ratios(plain, seconds)),
         "wait_fraction": median(waits),
     }
     raw = {"seconds": seconds, "wait_fraction": waits, "vs_ideal": ratios}

@@ -28,9 +28,7 @@ from typing import Any
 
 import torch
 
-from prefetch import BackgroundLoader
-from prefetch._adaptive_depth import START_DEPTH
-from prefetch.bench.common import (
+from benchmarks.common import (
     IDEAL_COLUMNS,
     Column,
     Config,
@@ -43,7 +41,7 @@ from prefetch.bench.common import (
     interleave,
     timed_epoch,
 )
-from prefetch.bench.jittery import (
+from benchmarks.jittery import (
     AUTO,
     AUTO_NOTE,
     DEPTH_2,
@@ -56,6 +54,8 @@ from prefetch.bench.jittery import (
     ideals_of,
     loader_epoch,
 )
+from prefetch import BackgroundLoader
+from prefetch._adaptive_depth import START_DEPTH
 
 __all__ = ["BurstySource", "run"]
 

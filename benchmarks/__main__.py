@@ -1,6 +1,8 @@
-"""Command line: ``python -m prefetch.bench [--workloads W,...] [--repeats N] [--quick] [--out D]``.
+"""Command line: ``python -m benchmarks [--workloads W,...] [--repeats N] [--quick] [--out D]``.
 
-See :mod:`prefetch.bench` for the workloads.
+Run it from the repository root (``make bench`` does).
+
+See :mod:`benchmarks` for the workloads.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import argparse
 import datetime
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import sys
@@ -21,12 +24,19 @@ from typing import Any
 import torch
 
 import prefetch
-from prefetch.bench import WORKLOADS
-from prefetch.bench.common import Config, WorkloadResult
-from prefetch.bench.report import text_table, write_all
+from benchmarks import WORKLOADS
+from benchmarks.common import Config, WorkloadResult
+from benchmarks.report import text_table, write_all
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+"""Where the results go by default: the repository's ``docs/benchmarks/``, not the cwd's."""
+
+BENCH_EXTRA = ("matplotlib", "numpy", "prefetch_generator")
+"""The modules of the ``bench`` extra (setup.cfg) that the workloads and plots import."""
+INSTALL_HINT = 'pip install -e ".[bench]"'
 
 INTRO = (
-    "These figures come from ``python -m prefetch.bench`` (``make bench``). Each "
+    "These figures come from ``python -m benchmarks`` (``make bench``). Each "
     "variant runs several times, interleaved with the others (A B C A B C ...) so "
     "that drift of a shared machine hits all of them alike; tables give medians, "
     "and ratios are medians of per-repeat ratios. Targets are fixed in advance and "
@@ -41,7 +51,7 @@ INTRO = (
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(
-        prog="python -m prefetch.bench",
+        prog="python -m benchmarks",
         description="Benchmark prefetch against prefetch_generator, DataLoaderX, apex and timm.",
     )
     parser.add_argument(
@@ -56,7 +66,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true", help="small sizes, a smoke run well under a minute"
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("docs/benchmarks"), help="output folder (docs/benchmarks)"
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="output folder (default: docs/benchmarks/ of this repository, wherever you run it)",
     )
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.workloads.split(",") if name.strip()]
@@ -85,10 +98,15 @@ def _loadavg() -> str:
         return "unknown"
 
 
+def missing_extras() -> list[str]:
+    """Return the modules of the ``bench`` extra that are not installed."""
+    return [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]
+
+
 def run_workload(name: str, config: Config) -> WorkloadResult:
     """Import and run one workload; an exception becomes an ``error`` record."""
     try:
-        module: Any = importlib.import_module(f"prefetch.bench.{name}")
+        module: Any = importlib.import_module(f"benchmarks.{name}")
         result: WorkloadResult = module.run(config)
     except Exception as error:  # reported; the other workloads still run
         traceback.print_exc()
@@ -99,11 +117,25 @@ def run_workload(name: str, config: Config) -> WorkloadResult:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the selected workloads, print their tables and write the reports."""
+    """Run the selected workloads, print their tables and write the reports.
+
+    Returns:
+        0 when every workload ran (or was skipped), 1 when one raised, 2 when
+        the ``bench`` extra is not installed (nothing runs; the message says
+        what to install).
+    """
     args = parse_args(argv)
+    missing = missing_extras()
+    if missing:
+        print(
+            f"The benchmarks need the bench extra; missing: {', '.join(missing)}. "
+            f"Install it from the repository root with: {INSTALL_HINT}",
+            file=sys.stderr,
+        )
+        return 2
     config = Config(repeats=args.repeats, quick=args.quick)
     meta: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "prefetch": prefetch.__version__,

@@ -15,18 +15,17 @@ from typing import Any
 
 import prefetch_generator
 
-from prefetch import BackgroundLoader
-from prefetch.bench.common import (
+from benchmarks.common import (
     Column,
     Config,
     Measure,
-    Row,
     Target,
     WorkloadResult,
     interleave,
-    median,
+    speedup_row,
     timed_epoch,
 )
+from prefetch import BackgroundLoader
 
 __all__ = ["run"]
 
@@ -77,7 +76,6 @@ def run(config: Config) -> WorkloadResult:
     item_ms = (time.perf_counter() - started) * 1e3
     repeats = config.scaled_repeats(2)
     samples = interleave(variants, repeats, "control ", warmup=config.warmup)
-    plain = [run["seconds"] for run in samples[PLAIN]]
     result = WorkloadResult(
         name="control",
         title="Negative control: GIL-bound producer and step",
@@ -96,17 +94,9 @@ def run(config: Config) -> WorkloadResult:
         ],
         plot="bar",
     )
-    for name in makers:
-        seconds = [run["seconds"] for run in samples[name]]
-        waits = [run["wait_fraction"] for run in samples[name]]
-        speedup = median([p / s for p, s in zip(plain, seconds, strict=True)])
-        result.rows.append(
-            Row(
-                name,
-                {"seconds": median(seconds), "speedup": speedup, "wait_fraction": median(waits)},
-                {"seconds": seconds, "wait_fraction": waits},
-            )
-        )
+    result.rows += [
+        speedup_row(samples, name, PLAIN, ("seconds", "wait_fraction")) for name in makers
+    ]
     speedup = float(next(r for r in result.rows if r.variant == BL_DEFAULT).values["speedup"])
     result.targets.append(
         Target(

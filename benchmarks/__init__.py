@@ -1,7 +1,9 @@
 """Benchmarks of :mod:`prefetch` against the patterns people use today.
 
-Run ``python -m prefetch.bench`` (``make bench``); ``--help`` lists the
-options. Workloads:
+Run ``python -m benchmarks`` from the repository root (``make bench``);
+``--help`` lists the options. They live outside the :mod:`prefetch` package
+(not in its wheel) and need the ``bench`` extra (``pip install -e ".[bench]"``).
+Workloads:
 
 * ``handoff`` - cost of handing one tiny item between threads, by depth;
 * ``jittery`` - storage-like latency with a heavy tail, against the ideal;
