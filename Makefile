@@ -2,6 +2,9 @@
 # CI (.ci/run) runs `make test`: every test. `make test-fast` is the quick edit loop.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TORCH ?= torch==2.13.0
+# Where pip looks for torch, e.g. https://download.pytorch.org/whl/cpu for the CPU build
+# (empty: pip's own configuration; on plain PyPI a Linux torch is the CUDA build).
+TORCH_INDEX ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -23,7 +26,7 @@ help:  ## list the targets
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,docs,lint,bench,dist]"
 	touch $(STAMP)
 

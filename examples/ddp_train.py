@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log: dict[str, list[int]] = {}
     start_epoch, start_step = 0, 0
+    if rank == 0:
+        backend = dist.get_backend()
+        print(f"{world} rank(s), {backend} on {device}; outputs in {args.out}", flush=True)
     if args.resume is not None:
         checkpoint = torch.load(checkpoint_path(args.resume, rank), weights_only=False)
         model.load_state_dict(checkpoint["model"])
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         loader.load_state_dict(checkpoint["loader"])
         log = checkpoint["log"]
         start_epoch, start_step = checkpoint["epoch"], checkpoint["step"]
+        if rank == 0:
+            print(f"resumed from {args.resume} at epoch {start_epoch}, step {start_step}")
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
@@ -201,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                     },
                     checkpoint_path(checkpoint_dir, rank),
                 )
+                if rank == 0:
+                    print(f"checkpoint at epoch {epoch}, step {step} in {checkpoint_dir}")
                 if args.stop_after_checkpoint:
                     loader.close()
                     write_outputs(args.out, rank, world, log, model, stopped=True)
@@ -208,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                     dist.destroy_process_group()
                     return 0
         if rank == 0 and batches:
-            print(f"epoch {epoch}: mean loss {total.item() / batches:.5f}", flush=True)
+            mean = total.item() / batches
+            print(f"epoch {epoch}: mean loss {mean:.5f} over this rank's {batches} batches")
 
     loader.close()
     write_outputs(args.out, rank, world, log, model, stopped=False)

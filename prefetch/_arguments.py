@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 
-def check_iterable(loader: object, owner: str) -> None:
-    """Raise ``TypeError`` naming ``owner`` if ``loader`` cannot be iterated."""
+def check_iterable(loader: object, owner: str, argument: str = "loader") -> None:
+    """Raise ``TypeError`` naming ``owner`` and ``argument`` if ``loader`` cannot be iterated."""
     if not (hasattr(loader, "__iter__") or hasattr(loader, "__getitem__")):
-        msg = f"{owner}(loader=...) expects an iterable, got {type(loader).__name__} {loader!r:.80}"
+        msg = (
+            f"{owner}({argument}=...) expects an iterable, got "
+            f"{type(loader).__name__} {loader!r:.80}"
+        )
         raise TypeError(msg)
 
 
@@ -16,6 +19,8 @@ def check_depth(depth: object, owner: str) -> int:
         msg = (
             f"{owner}(depth=...) expects an int >= 1, got {depth!r} of type {type(depth).__name__}"
         )
+        if depth == "auto":
+            msg += "; depth='auto' is a BackgroundLoader option (stack one underneath)"
         raise TypeError(msg)
     if depth < 1:
         msg = f"{owner}(depth=...) expects an int >= 1, got {depth}"
@@ -61,6 +66,9 @@ def check_loader_depth(depth: object, max_depth: object, owner: str) -> int | No
             f"of type {type(depth).__name__}"
         )
         raise TypeError(msg)
+    if depth < 1:
+        msg = f"{owner}(depth=...) expects 'auto' or an int >= 1, got {depth}"
+        raise ValueError(msg)
     fixed = check_depth(depth, owner)
     if max_depth is not None:
         msg = (

@@ -107,9 +107,11 @@ class Checkpointing(LoaderWrapper):
     def load_state_dict(self, state_dict: Any) -> None:
         """Stop every running epoch and load ``state_dict`` into the wrapped loader.
 
-        The next ``iter()`` resumes from that state.
+        The next ``iter()`` resumes from that state. An iterator still open
+        raises ``RuntimeError`` saying so on its next ``next()``.
         """
-        self._stop_epoch(wait=True)
+        why = f"{type(self).__name__}.load_state_dict() stopped this epoch: iter() again to resume"
+        self._stop_epoch(wait=True, reason=why)
         self._epoch = None
         self._loader.load_state_dict(state_dict)
 

@@ -25,6 +25,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
+from prefetch._user_frame import user_stacklevel
+
 
 def _shards(sampler: Any) -> bool:
     if isinstance(sampler, DistributedSampler):
@@ -69,4 +71,4 @@ def warn_if_unsharded(loader: Any, wrapper: str) -> None:
     """Warn (``UserWarning``) if every rank reads all of ``loader``; see the module invariants."""
     message = unsharded_message(loader, wrapper)
     if message is not None:
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warnings.warn(message, UserWarning, stacklevel=user_stacklevel())

@@ -150,6 +150,13 @@ class Normalize:
 
     def _select(self, batch: Any) -> Any:
         """Return the part of ``batch`` at ``key``; a missing key names what the batch has."""
+        if self.key is not None and isinstance(batch, torch.Tensor):
+            msg = (
+                f"Normalize(key={self.key!r}) expects a batch with parts (a tuple, list, dict "
+                f"or dataclass), got a single Tensor of shape {tuple(batch.shape)}; pass "
+                f"key=None to normalise the whole tensor"
+            )
+            raise TypeError(msg)
         try:
             return get_item(batch, self.key)
         except (KeyError, IndexError, AttributeError, TypeError) as error:

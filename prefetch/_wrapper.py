@@ -18,16 +18,14 @@ Here, both names raise :class:`~prefetch.NotStatefulError` saying why.
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 from collections.abc import Iterator
-from types import FrameType
 from typing import Any, TypeVar
 
 from prefetch._distributed import distributed_world, warn_if_unsharded
 from prefetch._stateful import NotStatefulError, state_problem
 from prefetch._stats import EpochRecord, LoaderStats
+from prefetch._user_frame import user_stacklevel
 
 W = TypeVar("W", bound="LoaderWrapper")
 
@@ -79,18 +77,8 @@ def warn_consumed(wrapper: str, loader: Any) -> None:
         "wraps was consumed by an earlier epoch; wrap a re-iterable loader (a list, "
         "a DataLoader) to run several epochs",
         UserWarning,
-        stacklevel=_outside_this_package(),
+        stacklevel=user_stacklevel(),
     )
-
-
-def _outside_this_package() -> int:
-    """The ``stacklevel`` of the first caller outside this package (through any stack)."""
-    package = os.path.dirname(__file__)
-    frame: FrameType | None = sys._getframe(2)  # the caller of the function that asks
-    level = 2
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == package:
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def set_epoch_on(loader: Any, epoch: int) -> None:
@@ -157,8 +145,12 @@ class LoaderWrapper:
         self._sharding_checked = True
         warn_if_unsharded(self._loader, type(self).__name__)
 
-    def _stop_epoch(self, wait: bool) -> None:
-        """Stop the current epoch; with ``wait``, until nothing touches the loader."""
+    def _stop_epoch(self, wait: bool, reason: str | None = None) -> None:
+        """Stop every open epoch; with ``wait``, until nothing touches the loader.
+
+        With ``reason``, each stopped iterator's next ``next()`` raises
+        ``RuntimeError(reason)`` instead of ending silently.
+        """
         raise NotImplementedError
 
     @property

@@ -107,7 +107,7 @@ class BackgroundGenerator(BackgroundIterator[T]):
         owned: bool,
         preprocess_func: Callable[[Any], T] | None = None,
     ) -> None:
-        check_iterable(generator, "BackgroundGenerator")
+        check_iterable(generator, "BackgroundGenerator", "generator")
         depth = _depth(max_prefetch)
         if preprocess_func is not None and not callable(preprocess_func):
             msg = (

@@ -127,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plain: Any = DataLoader(dataset, batch_size=BATCH, num_workers=0)
     wrapped = BackgroundLoader(DataLoader(dataset, batch_size=BATCH, num_workers=0), num_threads=1)
     print(
-        f"prefetch demo: {args.epochs} epochs x {args.batches} batches of {BATCH} items.\n"
+        f"prefetch demo: {args.epochs} epoch{'s' if args.epochs != 1 else ''} x "
+        f"{args.batches} batches of {BATCH} items.\n"
         f"Each item waits ~{MEAN_LATENCY * 1e3:.2f} ms (heavy-tailed) on simulated storage,\n"
         "then a small network trains on the batch (one CPU thread). The same loop runs\n"
         "with a plain DataLoader(num_workers=0) and with\n"

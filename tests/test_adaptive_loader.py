@@ -361,6 +361,13 @@ class TestArguments:
         assert "max_depth=8" in str(e.value)
         assert "depth=4" in str(e.value)
 
+    @pytest.mark.parametrize("value", [0, -3])
+    def test_depth_below_one(self, value: int) -> None:
+        """depth < 1 names depth, both forms it accepts ('auto' or an int) and the value."""
+        expected = rf"depth=.*expects 'auto' or an int >= 1, got {value}"
+        with pytest.raises(ValueError, match=expected):
+            BackgroundLoader([], depth=value)
+
     @pytest.mark.parametrize("value", [0, -1])
     def test_max_depth_below_one(self, value: int) -> None:
         """max_depth < 1 is a ValueError naming it, what it expects and the value."""

@@ -154,6 +154,15 @@ class TestThreadLike:
         original.join(timeout=5)
 
 
+class TestArguments:
+    """Bad input is an error naming compat's own argument."""
+
+    def test_not_iterable_names_generator(self) -> None:
+        """BackgroundGenerator(3) names the generator argument and the value."""
+        with pytest.raises(TypeError, match=r"BackgroundGenerator\(generator=...\).*int 3"):
+            compat.BackgroundGenerator(3)  # type: ignore[arg-type]
+
+
 class TestWhereTheOriginalFails:
     """The scenarios users hit: the original fails, compat holds."""
 

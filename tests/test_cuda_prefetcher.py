@@ -122,6 +122,8 @@ class TestArguments:
             CudaPrefetcher([], depth=0)
         with pytest.raises(TypeError, match="depth"):
             CudaPrefetcher([], depth=1.0)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="depth='auto' is a BackgroundLoader option"):
+            CudaPrefetcher([], depth="auto")  # type: ignore[arg-type]
 
     def test_bad_lifetime(self) -> None:
         """lifetime must be 'fence' or 'record_stream'."""

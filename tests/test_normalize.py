@@ -127,6 +127,11 @@ class TestErrors:
         with pytest.raises(ValueError, match="3 means and 2 stds"):
             Normalize(MEAN, (1.0, 1.0))
 
+    def test_keyed_normalize_on_a_plain_tensor(self) -> None:
+        """key=0 on a batch that is one tensor says so and names key=None (no silent slice)."""
+        with pytest.raises(TypeError, match=r"Normalize\(key=0\).*single Tensor.*key=None"):
+            Normalize((0.5,), (0.5,))(torch.zeros(2, 1, 3, 3))
+
     def test_zero_std(self) -> None:
         """A zero std is a ValueError."""
         with pytest.raises(ValueError, match="zero"):

@@ -125,6 +125,7 @@ class TestUnshardedWarning:
             assert sorted(int(x) for x in loader) == [0, 1, 2, 3]
             assert sorted(int(x) for x in loader) == [0, 1, 2, 3]
         assert len(caught) == 1 and "DistributedSampler" in str(caught[0].message)
+        assert caught[0].filename == __file__  # points at the loop, through any stack
 
     @pytest.mark.parametrize(
         "make",
