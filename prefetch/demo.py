@@ -116,7 +116,14 @@ def table(rows: Sequence[tuple[str, float, float, float]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demonstration and print the comparison."""
-    parser = argparse.ArgumentParser(prog="python -m prefetch.demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m prefetch.demo",
+        description=(
+            "Train a small network on simulated slow storage twice, with a plain "
+            "DataLoader and with BackgroundLoader(DataLoader), epochs alternating, "
+            "and compare epoch times and the time the loop waited for data."
+        ),
+    )
     parser.add_argument("--epochs", type=int, default=3, help="epochs per loop (3)")
     parser.add_argument("--batches", type=int, default=80, help="batches per epoch (80)")
     args = parser.parse_args(argv)
@@ -161,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\nFinal loss: plain {runs['plain'][-1]['loss']:.4f}, prefetched "
         f"{runs['prefetched'][-1]['loss']:.4f} ({'identical' if same else 'different'}: "
         "same batches, same order).\n"
-        f"The prefetched loop {wrapped.stats.summary()} in its last epoch.\n"
+        f"Its last epoch (the loader's items are batches here): {wrapped.stats.summary()}.\n"
         "Prefetching hides loading only when it releases the GIL (file reads, torch ops,\n"
         "DataLoader worker processes) and a core is free; the docs' Benchmarks page has more.",
         flush=True,
