@@ -36,6 +36,7 @@ from prefetch._background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, Background
 from prefetch._channel import Channel, request_stop
 from prefetch._checkpointing import adopt_state, read_start_state
 from prefetch._pinning import accelerator_available, current_device_index, pin_batch, select_device
+from prefetch._sampler_seed import start_sampler_here
 from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
 from prefetch._thread_worker import ProducerSpec
@@ -194,6 +195,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
         # this state, not the finished previous one. The thread has not started yet.
         start_state = read_start_state(self)
+        start_sampler_here(source)  # a seeded shuffle must not depend on the thread's timing
         self._epoch = EpochRecord(start_state)
         producer = ProducerSpec(
             owned=source is not loader,
