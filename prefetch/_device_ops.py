@@ -59,7 +59,10 @@ def resolve_device(device: object, owner: str = "CudaPrefetcher") -> torch.devic
     try:
         module = torch.get_device_module(resolved.type)
     except (RuntimeError, AttributeError) as error:
-        msg = f"{owner}(device={device!r}): torch has no device module for {resolved.type!r}"
+        msg = (
+            f"{owner}(device={device!r}) expects an accelerator such as 'cuda:0', or 'cpu'; "
+            f"torch has no device module for {resolved.type!r}"
+        )
         raise ValueError(msg) from error
     if not module.is_available():
         msg = (

@@ -111,6 +111,11 @@ class TestArguments:
         with pytest.raises(ValueError, match=r"device=.*got 'gpu0'"):
             CudaPrefetcher([], device="gpu0")
 
+    def test_device_without_a_module(self) -> None:
+        """A device torch has no module for (meta) says what is expected."""
+        with pytest.raises(ValueError, match=r"device='meta'\) expects an accelerator .*'cpu'"):
+            CudaPrefetcher([], device="meta")
+
     def test_bad_device_type(self) -> None:
         """A device of the wrong type is a TypeError naming the type."""
         with pytest.raises(TypeError, match=r"got 1\.5 of type float"):
