@@ -142,20 +142,8 @@ class FixedDepth:
         """Never: a fixed depth is not adapted (the consumer does not report to it)."""
         return False
 
-    def observe(
-        self,
-        *,
-        now: float,
-        step: float,
-        waited: float,
-        ready: int,
-        fetched: int,
-        busy_seconds: float,
-        blocked_seconds: float,
-        largest_item: int,
-        count: int = 1,
-    ) -> int | None:
-        """Ignore the report: the depth stays."""
+    def observe(self, **report: float) -> int | None:
+        """Ignore the report (the :class:`DepthControl` keywords): the depth stays."""
         return None
 
 
