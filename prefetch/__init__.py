@@ -13,7 +13,7 @@ from prefetch._cuda_prefetcher import CudaPrefetcher
 from prefetch._device_iterator import DeviceIterator
 from prefetch._normalize import Normalize
 from prefetch._stateful import NotStatefulError, Stateful
-from prefetch._stats import DepthEvent, LoaderStats
+from prefetch._stats import DepthEvent, LoaderStats, ThreadEvent
 
 __version__ = "0.2.0"
 
@@ -27,4 +27,5 @@ __all__ = [
     "Normalize",
     "NotStatefulError",
     "Stateful",
+    "ThreadEvent",
 ]

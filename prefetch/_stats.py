@@ -30,6 +30,28 @@ class DepthEvent:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class ThreadEvent:
+    """A decision of ``BackgroundLoader(fetch_threads="auto")``: a change of thread count, or why not.
+
+    ``old == new`` marks a decision to hold (recorded once per epoch and
+    reason), for example because the threads already use every core.
+
+    Attributes:
+        item: Items handed over in the epoch when it happened.
+        seconds: Seconds since the start of the epoch.
+        old: Fetch threads before.
+        new: Fetch threads after.
+        reason: Why, in words.
+    """
+
+    item: int
+    seconds: float
+    old: int
+    new: int
+    reason: str
+
+
 @dataclasses.dataclass
 class LoaderStats:
     """Counters for one epoch of a prefetching wrapper.
@@ -45,6 +67,12 @@ class LoaderStats:
     change of an adaptive depth and why), ``peak_items`` and ``peak_bytes``
     (most items, and most tensor bytes, produced and not yet consumed at
     once; bytes are counted only when a byte limit applies).
+
+    With parallel fetch (``fetch_threads``) it also reports the threads:
+    ``fetch_threads`` (now) and ``peak_fetch_threads``, ``thread_events``
+    (each change of ``fetch_threads="auto"`` and why), ``fetch_seconds``
+    (seconds each thread spent reading samples, one entry per thread started)
+    and ``collate_seconds`` (all threads, in ``collate_fn``).
 
     Example:
         >>> stats = LoaderStats(items=10, wait_seconds=0.5, source_seconds=2.0,
@@ -65,6 +93,11 @@ class LoaderStats:
     depth_events: list[DepthEvent] = dataclasses.field(default_factory=list)
     peak_items: int = 0
     peak_bytes: int = 0
+    fetch_threads: int | None = None
+    peak_fetch_threads: int | None = None
+    thread_events: list[ThreadEvent] = dataclasses.field(default_factory=list)
+    fetch_seconds: list[float] = dataclasses.field(default_factory=list)
+    collate_seconds: float = 0.0
 
     @property
     def elapsed_seconds(self) -> float:
