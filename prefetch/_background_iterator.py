@@ -84,6 +84,7 @@ class BackgroundIterator(Iterator[T]):
             threads=threads.threads,
             max_bytes=max_bytes,
             stats=epoch.stats,
+            measure_cpu=threads.adaptive,
         )
         self._epoch = epoch
         self._control = control

@@ -46,6 +46,8 @@ class SamplerTasks:
     Made by :func:`sampler_tasks`.
     """
 
+    runs = True
+
     def __init__(self, loader: DataLoader[Any], iterator: Iterator[Any]) -> None:
         self._iterator = iterator
         self._dataset = loader.dataset
