@@ -146,9 +146,10 @@ class Engine:
                         self.active -= 1
                     self._leave(None, ticket=False)
                 raise
-        peak = self.stats.peak_fetch_threads
-        self.stats.fetch_threads = count
-        self.stats.peak_fetch_threads = count if peak is None else max(peak, count)
+        if self._runs:  # parallel fetch: the stats show the threads
+            peak = self.stats.peak_fetch_threads
+            self.stats.fetch_threads = count
+            self.stats.peak_fetch_threads = count if peak is None else max(peak, count)
 
     def set_depth(self, depth: int) -> None:
         """Change the depth and wake threads waiting for a ticket."""
@@ -262,6 +263,8 @@ class Engine:
             self._leave(final, ticket)
 
     def _add_fetch_slot(self) -> int:
+        if not self._runs:  # one thread over an iterator: source_seconds says it all
+            return -1
         with self._lock:
             self.stats.fetch_seconds.append(0.0)
             return len(self.stats.fetch_seconds) - 1
@@ -365,7 +368,8 @@ class Engine:
             stats.source_seconds += spent
             if collate:
                 stats.collate_seconds += collate
-            stats.fetch_seconds[slot] += spent - collate
+            if slot >= 0:
+                stats.fetch_seconds[slot] += spent - collate
             self.busy_seconds += spent
             self.cpu_seconds += cpu
             if self.stopped:  # nobody will take it
