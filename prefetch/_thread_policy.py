@@ -4,25 +4,20 @@ Both have one interface (:class:`ThreadControl`), so the engine treats a
 fixed count as a policy that never changes its mind.
 
 The policy runs on the consumer's thread, which reports after hand-offs
-(every one, or fewer). It sees only numbers, all cumulative over the epoch:
-the clock, batches handed to the loop, how long the loop waited for data,
-how long the fetch threads spent fetching and collating (wall seconds,
-summed over threads), how much CPU time they used for it, and the largest
-batch in bytes. It never sleeps and never touches a thread, so scripted
-traces on an injected clock test it deterministically.
+(every one, or fewer) figures cumulative over the epoch (see
+:meth:`ThreadPolicy.observe`). It never sleeps and never touches a thread,
+so scripted traces on an injected clock test it deterministically.
 
 It measures in *windows*. After the start of an epoch it lets ``threads``
-batches pass, after a change of count ``max(old, new)`` (the first batch
-always waits, and new threads need one fetch before they deliver); a window
-then spans :data:`WINDOW_ROUNDS` batches per thread (at least
-:data:`MIN_WINDOW_ITEMS` and :data:`MIN_WINDOW_SECONDS`). Batches arrive in
-sampler order, so with ``n`` threads they come in rounds of about ``n``: a
-window of whole rounds measures the rate without the phase of a round in
-it. A window an epoch leaves unfinished goes on in the next epoch (after
-its first batches settle), so epochs shorter than a window still decide.
-Per window: the *throughput* (batches per second), the *wait share* (the
-share of the window the loop waited) and the *CPU share* (CPU seconds per
-busy second of the threads).
+batches pass, after a change ``max(old, new)`` (the first batch always
+waits; new threads need one fetch before they deliver); a window then spans
+:data:`WINDOW_ROUNDS` batches per thread (at least :data:`MIN_WINDOW_ITEMS`
+and :data:`MIN_WINDOW_SECONDS`): batches arrive in sampler order, in rounds
+of about one per thread, and whole rounds keep a round's phase out of the
+rate. A window an epoch leaves unfinished goes on in the next epoch, so
+short epochs still decide. Per window: the *throughput* (batches per
+second), the *wait share* (of the window, the loop waiting) and the *CPU
+share* (CPU seconds per busy second of the threads).
 
 The rules (the guide explains them with a trace):
 
@@ -180,7 +175,7 @@ def needed_gain(wait_share: float) -> float:
     return min(MIN_GAIN, wait_share / (1.0 - wait_share) / 2)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Window:
     """Sums over a window: seconds, batches, the loop's wait, the threads' busy and CPU time.
 
@@ -440,20 +435,16 @@ class ThreadPolicy:
         """Record, once per epoch and kind, why a window with waits kept the count."""
         if kind not in self._held:
             self._held.add(kind)
-            self._stats.thread_events.append(
-                ThreadEvent(self._items, self._since_start(), self.threads, self.threads, reason)
-            )
+            self._event(self.threads, reason)
 
-    def _since_start(self) -> float:
-        started = self._stats.started
-        return self._now - started if started is not None else 0.0
+    def _event(self, new: int, reason: str) -> None:
+        stats = self._stats
+        seconds = self._now - stats.started if stats.started is not None else 0.0
+        stats.thread_events.append(ThreadEvent(self._items, seconds, self.threads, new, reason))
 
     def _change(self, new: int) -> int:
-        stats = self._stats
-        old = self.threads
-        stats.thread_events.append(
-            ThreadEvent(self._items, self._since_start(), old, new, self._reason)
-        )
+        stats, old = self._stats, self.threads
+        self._event(new, self._reason)
         self.threads = stats.fetch_threads = new
         stats.peak_fetch_threads = max(stats.peak_fetch_threads or 0, new)
         self._mark, self._carry = None, _NOTHING  # measure afresh once the new count settled

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -527,6 +528,23 @@ class TestSimulatedTraces:
         policy = ThreadPolicy(cores=2, max_bytes=1 << 30)
         run = sim.simulate(workload, 0.001, policy, largest_item=64 << 20)
         assert max(run.counts) == 16
+
+    def test_guide_trace(self) -> None:
+        """The trace and the figures the guide shows are what this simulation gives."""
+        workload = sim.Workload(sim.jittered(400, 0.1, 0.5, 5), cpu=0.05, cores=2, io_limit=6)
+        run = sim.simulate(workload, 0.005, ThreadPolicy(cores=2))
+        guide = (Path(__file__).parent.parent / "docs" / "guide.rst").read_text()
+        for e in run.stats.thread_events:
+            line = f"item {e.item} ({e.seconds:.2f} s): {e.old} -> {e.new}, {e.reason}"
+            assert f"   {line}\n" in guide
+        assert [(e.old, e.new) for e in run.stats.thread_events] == [(2, 8), (8, 32), (32, 8)]
+        rates = [f"{sim.simulate(workload, 0.005, n).rate(100):.1f}" for n in (2, 4, 6, 8, 32)]
+        figures = "{} (2 threads), {} (4), {} (6), {} (8) and {} (32)".format(*rates)
+        assert figures in " ".join(guide.split())
+        cpu_bound = sim.Workload(workload.seconds, cpu=1.0, cores=2)
+        (hold,) = sim.simulate(cpu_bound, 0.005, ThreadPolicy(cores=2)).stats.thread_events
+        assert (hold.item, hold.old, hold.new) == (10, 2, 2)
+        assert hold.reason.split("; ")[1] in " ".join(guide.split())
 
     def test_steady_loader_settles(self) -> None:
         """Over a long epoch of a loader with a knee, the count changes a few times, then never."""
