@@ -8,14 +8,19 @@ expected counts are exact. The simulated traces run the real policy in
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset
 
+from prefetch import BackgroundLoader
 from prefetch._stats import LoaderStats, ThreadEvent
 from prefetch._thread_policy import (
     DEFAULT_MAX_THREADS,
@@ -164,6 +169,16 @@ class TestConstruction:
         assert ThreadPolicy(maximum=1).threads == 1
         assert ThreadPolicy(maximum=4, start=8).threads == 4
         assert ThreadPolicy(start=6).threads == 6
+
+    def test_drives_the_latest_epoch(self) -> None:
+        """The policy adapts the epoch it last started; FixedThreads adapts none."""
+        policy, fixed = ThreadPolicy(), FixedThreads(2)
+        first, second = LoaderStats(), LoaderStats()
+        for control in (policy, fixed):
+            control.start_epoch(first)
+            control.start_epoch(second)
+        assert (policy.drives(first), policy.drives(second)) == (False, True)
+        assert (fixed.drives(first), fixed.drives(second)) == (False, False)
 
     def test_start_epoch_sets_stats(self) -> None:
         """A new epoch's stats get the count, now and at peak."""
@@ -569,6 +584,39 @@ def workloads(draw: st.DrawFn) -> tuple[sim.Workload, float]:
         sim.jittered(n, seconds, spread, draw(st.integers(0, 99))), cpu, cores, io_limit
     )
     return workload, step
+
+
+class Reads(Dataset[torch.Tensor]):
+    """Samples that take 5 ms each, like reads from storage (the sleep releases the GIL)."""
+
+    def __len__(self) -> int:
+        return 160
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(0.005)
+        return torch.full((2,), float(index))
+
+
+class TestWithBackgroundLoader:
+    """BackgroundLoader(fetch_threads="auto") runs the policy on real threads."""
+
+    def test_auto_grows_for_a_waiting_loop(self) -> None:
+        """A loop that only waits for I/O-bound batches gets more threads, the same batches."""
+        torch.manual_seed(0)
+        plain = [batch.tolist() for batch in DataLoader(Reads(), batch_size=4, shuffle=True)]
+        torch.manual_seed(0)
+        loader = BackgroundLoader(
+            DataLoader(Reads(), batch_size=4, shuffle=True), fetch_threads="auto"
+        )
+        assert [batch.tolist() for batch in loader] == plain
+        stats = loader.stats
+        events = stats.thread_events
+        assert events and events[0].old == 2 < events[0].new
+        assert events[0].reason.startswith("grow: the loop waited")
+        for before, after in itertools.pairwise(events):
+            assert after.old == before.new
+        assert stats.fetch_threads == events[-1].new
+        assert stats.peak_fetch_threads == max(e.new for e in events)
 
 
 def hold_kind(reason: str) -> str:

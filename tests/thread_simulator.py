@@ -15,9 +15,10 @@ The model:
   ``seconds[i] * cpu``. So ``n`` threads deliver ``min(n, knee) / seconds``
   batches per second, where ``knee = min(cores / cpu, io_limit)``. The stretch
   is fixed when the batch starts, from the thread count then.
-* Threads take batch indices in order; at most ``threads + depth`` batches are
-  being fetched or are waiting and not yet consumed (each thread holds one in
-  flight, and the buffer ``depth`` more).
+* Threads take batch indices in order; at most ``depth + threads - 1``
+  batches are being fetched or are waiting and not yet consumed, as the
+  engine's tickets allow (:mod:`prefetch._engine`; the consumer returns a
+  ticket when it takes the batch).
 * Batches are handed over in order: the consumer asks for batch ``k`` when its
   step ends, waits until it is done, takes it, reports, then computes for
   ``step`` seconds.
@@ -112,7 +113,7 @@ def simulate(
     started = consumed = 0
     run = Run([], 0.0, [], stats)
     while consumed < total:
-        while len(flying) < count and started < total and started - consumed < count + depth:
+        while len(flying) < count and started < total and started - consumed < depth + count - 1:
             wall = seconds[started] * workload.stretch(count)
             heapq.heappush(flying, (now + wall, started, wall, seconds[started] * workload.cpu))
             started += 1
