@@ -24,7 +24,8 @@ Invariants (every change here must keep them):
   ``depth`` for one thread); the consumer returns it when it takes the item.
   With ``max_bytes``, a ticket is also refused while the bytes posted and not
   taken, plus the largest item seen for each draw not yet posted and for the
-  new one, exceed it, unless nothing is in flight (one item always flows).
+  new one, exceed it, unless nothing is in flight (one item always flows);
+  until an item's size is known, one draw at a time.
 * **Errors.** An ``Exception`` from a draw or a run is posted as ``RAISED``
   in its place and the epoch goes on (the source decides whether it has
   more). ``StopIteration`` from a draw (``END``, carrying the state read just
@@ -273,11 +274,11 @@ class Engine:
         if self.in_flight >= self.depth + self.target - 1:
             return True
         limit = self.max_bytes
-        return (
-            limit is not None
-            and self.in_flight > 0
-            and self.buffered_bytes + (self.fetching + 1) * self.largest_item > limit
-        )
+        if limit is None or self.in_flight == 0:
+            return False
+        if self.fetching and not self.fetched:  # no size known yet: one draw at a time
+            return True
+        return self.buffered_bytes + (self.fetching + 1) * self.largest_item > limit
 
     def _take_ticket(self) -> bool:
         """Wait for room to draw; return ``False`` if this thread is to leave instead."""
@@ -385,6 +386,8 @@ class Engine:
                     if self.buffered_bytes > stats.peak_bytes:
                         stats.peak_bytes = self.buffered_bytes
             self.results[seq] = message
+            if self.max_bytes is not None and self.fetched <= 1 and self._workers_waiting:
+                self._space.notify_all()  # a size is known now, or no draw is in progress
             if seq == self.taken + self._run:
                 self._run += 1
                 if self.fetching:  # later ones may be waiting for this one

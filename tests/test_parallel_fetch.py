@@ -1,0 +1,359 @@
+"""Parallel fetch gives exactly the DataLoader's batches (issue 13).
+
+``BackgroundLoader(DataLoader(ds, num_workers=0), fetch_threads=N)`` reads
+and collates batches in N threads. Whatever N, the loop sees what the
+DataLoader itself gives: the same batches bit for bit in sampler order, the
+same errors (the same objects) in the same places, the same random state
+afterwards. Loaders it cannot read are refused when it is built. Stopping,
+bounds, resume and a soak are in ``test_parallel_fetch_lifetime.py``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import namedtuple
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data._utils.collate import default_collate
+
+from prefetch import BackgroundLoader, CudaPrefetcher
+
+from .parallel import (
+    THREAD_COUNTS,
+    Abort,
+    Values,
+    WithGetItems,
+    assert_same_batches,
+    assert_same_outcomes,
+    outcomes,
+)
+from .processes import prefetch_threads, wait_until
+
+EVERY_COUNT: list[int | str] = [*THREAD_COUNTS, "auto"]
+Pair = namedtuple("Pair", ["features", "indices"])
+
+
+def both(make: Any, threads: int | str, seed: int | None = 0) -> tuple[list[Any], list[Any]]:
+    """One epoch of ``make()`` plain and through fetch_threads, each after the same seed."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    plain = list(make())
+    if seed is not None:
+        torch.manual_seed(seed)
+    wrapped = list(BackgroundLoader(make(), fetch_threads=threads))
+    return wrapped, plain
+
+
+def pair_collate(samples: list[tuple[torch.Tensor, int]]) -> Pair:
+    """A custom collate_fn: stacked features (scaled) and an index tensor, as a namedtuple."""
+    features = torch.stack([row for row, _ in samples]) * 3 + 1
+    return Pair(features, torch.tensor([index for _, index in samples]))
+
+
+class UnevenBatches(Sampler[list[int]]):
+    """A custom batch_sampler: batches of sizes 1, 2, 3, ... over a fixed permutation."""
+
+    def __init__(self, size: int) -> None:
+        self.order = torch.randperm(size, generator=torch.Generator().manual_seed(5)).tolist()
+
+    def __iter__(self) -> Any:
+        start, width = 0, 1
+        while start < len(self.order):
+            yield self.order[start : start + width]
+            start, width = start + width, width + 1
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class TestSameBatchesAsTheDataLoader:
+    @pytest.mark.parametrize("threads", EVERY_COUNT)
+    @pytest.mark.parametrize("kind", ["tensor", "dict", "tuple"])
+    def test_seeded_shuffle(self, threads: int | str, kind: str) -> None:
+        """A shuffle seeded by torch.manual_seed gives the DataLoader's batches, bit for bit."""
+        dataset = Values(53, kind)
+        wrapped, plain = both(lambda: DataLoader(dataset, batch_size=4, shuffle=True), threads)
+        assert_same_batches(wrapped, plain)
+        assert len(plain) == 14
+
+    @pytest.mark.parametrize("threads", EVERY_COUNT)
+    def test_shuffle_with_a_generator(self, threads: int | str) -> None:
+        """A shuffle driven by generator= gives the same batches and leaves it in the same state."""
+        dataset = Values(40)
+        plain_gen, wrapped_gen = torch.Generator(), torch.Generator()
+        plain_gen.manual_seed(11)
+        wrapped_gen.manual_seed(11)
+        plain = list(DataLoader(dataset, batch_size=3, shuffle=True, generator=plain_gen))
+        loader = DataLoader(dataset, batch_size=3, shuffle=True, generator=wrapped_gen)
+        wrapped = list(BackgroundLoader(loader, fetch_threads=threads))
+        assert_same_batches(wrapped, plain)
+        assert torch.equal(wrapped_gen.get_state(), plain_gen.get_state())
+
+    @pytest.mark.parametrize("threads", EVERY_COUNT)
+    def test_random_state_after_the_epoch(self, threads: int | str) -> None:
+        """After a seeded shuffled epoch, torch's next random draws are the DataLoader's."""
+        dataset = Values(30)
+        torch.manual_seed(3)
+        list(DataLoader(dataset, batch_size=4, shuffle=True))
+        plain_after = torch.rand(5)
+        torch.manual_seed(3)
+        list(
+            BackgroundLoader(DataLoader(dataset, batch_size=4, shuffle=True), fetch_threads=threads)
+        )
+        assert torch.equal(torch.rand(5), plain_after)
+
+    @pytest.mark.parametrize("threads", EVERY_COUNT)
+    @pytest.mark.parametrize("drop_last", [True, False])
+    def test_drop_last(self, threads: int | str, drop_last: bool) -> None:
+        """drop_last keeps or drops the short last batch as the DataLoader does."""
+        dataset = Values(23, "dict")
+        make = lambda: DataLoader(dataset, batch_size=5, shuffle=True, drop_last=drop_last)  # noqa: E731
+        wrapped, plain = both(make, threads)
+        assert_same_batches(wrapped, plain)
+        assert len(wrapped) == (4 if drop_last else 5)
+
+    @pytest.mark.parametrize("threads", EVERY_COUNT)
+    def test_custom_collate_fn(self, threads: int | str) -> None:
+        """A custom collate_fn's batches (a namedtuple) come through with their type."""
+        dataset = Values(31, "tuple")
+        make = lambda: DataLoader(dataset, batch_size=4, shuffle=True, collate_fn=pair_collate)  # noqa: E731
+        wrapped, plain = both(make, threads)
+        assert_same_batches(wrapped, plain)
+        assert all(type(batch) is Pair for batch in wrapped)
+
+    @pytest.mark.parametrize("threads", EVERY_COUNT)
+    def test_batch_size_none(self, threads: int | str) -> None:
+        """batch_size=None: single samples, converted as the DataLoader converts them."""
+        dataset = Values(17, "tuple")
+        wrapped, plain = both(lambda: DataLoader(dataset, batch_size=None, shuffle=True), threads)
+        assert_same_batches(wrapped, plain)
+        assert len(wrapped) == 17
+
+    @pytest.mark.parametrize("threads", EVERY_COUNT)
+    def test_custom_batch_sampler(self, threads: int | str) -> None:
+        """A custom batch_sampler's uneven batches arrive as the DataLoader gives them."""
+        dataset = Values(29, "dict")
+        make = lambda: DataLoader(dataset, batch_sampler=UnevenBatches(29))  # noqa: E731
+        wrapped, plain = both(make, threads, seed=None)
+        assert_same_batches(wrapped, plain)
+        assert [len(batch["x"]) for batch in wrapped] == [1, 2, 3, 4, 5, 6, 7, 1]
+
+    @pytest.mark.parametrize("threads", EVERY_COUNT)
+    def test_getitems_is_used(self, threads: int | str) -> None:
+        """A dataset's __getitems__ reads each batch, as in the DataLoader, and is called."""
+        plain_set, wrapped_set = WithGetItems(26), WithGetItems(26)
+        torch.manual_seed(8)
+        plain = list(DataLoader(plain_set, batch_size=4, shuffle=True))
+        torch.manual_seed(8)
+        loader = DataLoader(wrapped_set, batch_size=4, shuffle=True)
+        wrapped = list(BackgroundLoader(loader, fetch_threads=threads))
+        assert_same_batches(wrapped, plain)
+        assert len(plain_set.calls) == 7
+        assert sorted(wrapped_set.calls) == sorted(plain_set.calls)
+        assert wrapped_set.reads == []  # __getitem__ never called
+
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_set_epoch_reshuffles_a_distributed_sampler(self, threads: int) -> None:
+        """set_epoch reshuffles a DistributedSampler exactly as the DataLoader does, each epoch."""
+        dataset = Values(50)
+
+        def make() -> DataLoader[Any]:
+            sampler = DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=4)
+            return DataLoader(dataset, batch_size=4, sampler=sampler)
+
+        plain, wrapped = make(), BackgroundLoader(make(), fetch_threads=threads)
+        firsts = []
+        for epoch in range(3):
+            plain.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+            wrapped.set_epoch(epoch)
+            assert wrapped.sampler.epoch == epoch  # type: ignore[attr-defined]
+            expected = list(plain)
+            assert_same_batches(list(wrapped), expected)
+            firsts.append(expected[0])
+        assert not torch.equal(firsts[0], firsts[1])  # the epochs were reshuffled
+
+
+class TestOrder:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_slow_samples_arrive_in_sampler_order(self, threads: int) -> None:
+        """Samples that take random times still arrive in sampler order."""
+        rng = random.Random(threads)
+        delays = {i: rng.choice([0.0, 0.0, 0.001, 0.004, 0.012]) for i in range(48)}
+        dataset = Values(48, "tuple", delays=delays)
+        make = lambda: DataLoader(dataset, batch_size=2, shuffle=True)  # noqa: E731
+        wrapped, plain = both(make, threads)
+        assert_same_batches(wrapped, plain)
+        if threads > 1:  # the reads really were spread over threads
+            assert len({name for _, name in dataset.reads[48:]}) > 1
+
+
+class TestErrorsInPlace:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    @pytest.mark.parametrize("batch", [0, 3, 9])
+    def test_getitem_error_then_the_epoch_goes_on(self, threads: int, batch: int) -> None:
+        """An Exception reading batch k arrives as the same object after 0..k-1; k+1 follows."""
+        error = KeyError("sample missing")
+        dataset = Values(30, fail={batch * 3 + 1: error})
+        plain = outcomes(iter(DataLoader(dataset, batch_size=3)))
+        wrapped = outcomes(
+            iter(BackgroundLoader(DataLoader(dataset, batch_size=3), fetch_threads=threads))
+        )
+        assert_same_outcomes(wrapped, plain)
+        assert [kind for kind, _ in wrapped].index("error") == batch
+        assert len(wrapped) == 10 and wrapped[batch][1] is error
+
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_collate_error_then_the_epoch_goes_on(self, threads: int) -> None:
+        """An Exception in collate_fn arrives in its batch's place; later batches follow."""
+        errors = {2: ValueError("bad batch 2"), 5: ValueError("bad batch 5")}
+
+        def collate(samples: list[tuple[torch.Tensor, int]]) -> Any:
+            error = errors.get(samples[0][1] // 3)  # no shuffle: the batch's number
+            if error is not None:
+                raise error
+            return default_collate(samples)
+
+        dataset = Values(24, "tuple")
+        plain = outcomes(iter(DataLoader(dataset, batch_size=3, collate_fn=collate)))
+        loader = DataLoader(dataset, batch_size=3, collate_fn=collate)
+        wrapped = outcomes(iter(BackgroundLoader(loader, fetch_threads=threads)))
+        assert_same_outcomes(wrapped, plain)
+        kinds = ["item", "item", "error", "item", "item", "error", "item", "item"]
+        assert [kind for kind, _ in wrapped] == kinds
+        assert wrapped[2][1] is errors[2] and wrapped[5][1] is errors[5]
+
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    @pytest.mark.parametrize("batch", [0, 4])
+    def test_base_exception_ends_the_epoch(self, threads: int, batch: int) -> None:
+        """A BaseException in batch k ends the epoch after 0..k-1, and no thread is left."""
+        abort = Abort("stop reading")
+        dataset = Values(40, fail={batch * 2: abort})
+        plain = list(DataLoader(Values(40), batch_size=2))[:batch]
+        iterator = iter(BackgroundLoader(DataLoader(dataset, batch_size=2), fetch_threads=threads))
+        seen = outcomes(iterator)
+        assert seen[-1] == ("final", abort) and seen[-1][1] is abort
+        assert_same_batches([item for _, item in seen[:-1]], plain)
+        with pytest.raises(StopIteration):
+            next(iterator)
+        assert wait_until(lambda: not prefetch_threads(), 5.0), prefetch_threads()
+
+
+class NoLen(IterableDataset[int]):
+    """An IterableDataset: only its own iterator can read it."""
+
+    def __iter__(self) -> Any:
+        return iter(range(4))
+
+
+class WithState(Values):
+    """A map-style dataset with its own checkpoint state."""
+
+    def state_dict(self) -> dict[str, int]:
+        return {"reads": len(self.reads)}
+
+
+class TestRefusals:
+    @pytest.mark.parametrize(
+        ("loader", "error", "names"),
+        [
+            ([torch.zeros(2)] * 3, TypeError, "list"),
+            ((x for x in range(3)), TypeError, "generator"),
+            (DataLoader(NoLen(), batch_size=2), TypeError, "IterableDataset"),
+            (DataLoader(Values(8), batch_size=2, num_workers=2), ValueError, "num_workers=2"),
+            (DataLoader(WithState(8), batch_size=2), ValueError, "state_dict"),
+        ],
+        ids=["list", "generator", "iterable-dataset", "num-workers", "dataset-state"],
+    )
+    def test_unreadable_loaders_are_refused_at_construction(
+        self, loader: Any, error: type[Exception], names: str
+    ) -> None:
+        """A loader threads cannot read is refused at once, saying why and what to do."""
+        with pytest.raises(error) as raised:
+            BackgroundLoader(loader, fetch_threads=2)
+        message = str(raised.value)
+        assert "fetch_threads" in message and names in message
+        assert "leave fetch_threads unset" in message.lower()
+        assert prefetch_threads() == []
+
+    @pytest.mark.parametrize(
+        ("value", "error"),
+        [
+            (0, ValueError),
+            (-1, ValueError),
+            (1.5, TypeError),
+            ("many", TypeError),
+            (True, TypeError),
+        ],
+    )
+    def test_bad_values_name_the_argument(self, value: Any, error: type[Exception]) -> None:
+        """fetch_threads=0, -1, 1.5, 'many' or True is refused, naming it and the value."""
+        with pytest.raises(error) as raised:
+            BackgroundLoader(DataLoader(Values(4)), fetch_threads=value)
+        message = str(raised.value)
+        assert "fetch_threads" in message and repr(value) in message
+        assert "int >= 1" in message and "'auto'" in message
+
+
+class TestStacking:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_cuda_prefetcher_on_top(self, threads: int) -> None:
+        """CudaPrefetcher over parallel fetch gives the same batches; len and set_epoch pass."""
+        dataset = Values(44, "dict")
+
+        def make() -> DataLoader[Any]:
+            sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=9)
+            return DataLoader(dataset, batch_size=4, sampler=sampler)
+
+        plain = make()
+        stacked = CudaPrefetcher(BackgroundLoader(make(), fetch_threads=threads), device="cpu")
+        assert len(stacked) == len(plain) == 11
+        for epoch in (0, 1):
+            plain.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+            stacked.set_epoch(epoch)
+            assert stacked.sampler.epoch == epoch
+            assert_same_batches(list(stacked), list(plain))
+
+
+class TestStats:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_every_thread_reports_its_fetch_time(self, threads: int) -> None:
+        """stats.fetch_threads is N and each of the N threads has a positive fetch time."""
+        barrier = threading.Barrier(threads, timeout=10.0)
+
+        class Rendezvous(Values):
+            """The first N reads wait for each other: N threads must be reading at once."""
+
+            def __getitem__(self, index: int) -> Any:
+                if index < threads:
+                    barrier.wait()
+                time.sleep(0.002)
+                return super().__getitem__(index)
+
+        loader = BackgroundLoader(
+            DataLoader(Rendezvous(2 * threads)), depth=1, fetch_threads=threads
+        )
+        batches = list(loader)
+        assert len(batches) == 2 * threads
+        stats = loader.stats
+        assert stats.fetch_threads == threads == stats.peak_fetch_threads
+        assert len(stats.fetch_seconds) == threads
+        assert all(seconds > 0 for seconds in stats.fetch_seconds), stats.fetch_seconds
+
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_collate_time_is_counted(self, threads: int) -> None:
+        """A slow collate_fn shows in stats.collate_seconds, apart from the fetch time."""
+
+        def slow_collate(samples: list[torch.Tensor]) -> torch.Tensor:
+            time.sleep(0.01)
+            return default_collate(samples)
+
+        loader = DataLoader(Values(12), batch_size=3, collate_fn=slow_collate)
+        background = BackgroundLoader(loader, fetch_threads=threads)
+        assert len(list(background)) == 4
+        assert background.stats.collate_seconds >= 4 * 0.01
+        assert background.stats.collate_seconds <= background.stats.source_seconds

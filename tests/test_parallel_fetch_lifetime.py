@@ -1,0 +1,231 @@
+"""Parallel fetch stops, bounds, resumes and lasts like one thread (issue 13).
+
+With ``fetch_threads=N``: ``close()``, ``with``, ``break`` and garbage
+collection stop all N threads, even while they are blocked in a read, and
+nothing more is read; the items and bytes in flight stay within the bound
+that counts every thread; a ``StatefulDataLoader`` checkpoint taken after
+any batch resumes exactly where the plain loader would; and a soak of random
+epochs loses, repeats and leaks nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import random
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from prefetch import BackgroundLoader
+
+from .parallel import (
+    THREAD_COUNTS,
+    Abort,
+    Counted,
+    Gated,
+    Values,
+    assert_same_batches,
+    assert_same_outcomes,
+    outcomes,
+    wait_for,
+)
+from .processes import prefetch_threads, settle
+
+STOP_SECONDS = 1.0
+"""Longest a stop may take while every thread is blocked in a read."""
+
+
+def stop(held: list[Any], loader: BackgroundLoader[Any], how: str) -> None:
+    """Stop the epoch in ``held`` (its only reference) the way a user would.
+
+    ``close()`` on it or on its loader, a ``with`` block, or dropping it (as
+    ``break`` does) and collecting garbage.
+    """
+    iterator = held.pop()
+    if how == "close":
+        iterator.close()
+    elif how == "loader.close":
+        loader.close()
+    elif how == "with":
+        with iterator:
+            pass
+    else:
+        assert how == "gc"
+        del iterator
+        gc.collect()
+
+
+class TestStopWhileBlockedInARead:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    @pytest.mark.parametrize("how", ["close", "loader.close", "with", "gc"])
+    def test_stop_is_prompt_and_reads_nothing_more(self, threads: int, how: str) -> None:
+        """A stop returns within 1 s with N threads in a read; after the gate, all N leave."""
+        dataset = Gated(100)
+        loader = BackgroundLoader(DataLoader(dataset), depth=4, fetch_threads=threads)
+        try:
+            held = [iter(loader)]
+            wait_for(lambda: dataset.started == threads, f"{threads} reads to start")
+            time.sleep(0.05)  # room for a read beyond one per thread, which must not come
+            assert dataset.started == threads
+            started = time.monotonic()
+            stop(held, loader, how)
+            assert time.monotonic() - started < STOP_SECONDS
+            assert len(prefetch_threads()) == threads  # still in their reads
+        finally:
+            dataset.gate.set()
+        wait_for(lambda: not prefetch_threads(), "every thread to leave")
+        assert dataset.started == dataset.finished == threads
+
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_break_after_a_batch(self, threads: int) -> None:
+        """Breaking out of the loop while the other reads are blocked stops every thread."""
+        dataset = Gated(100, free=1)
+        loader = BackgroundLoader(DataLoader(dataset), depth=4, fetch_threads=threads)
+        try:
+            for batch in loader:
+                assert batch.tolist() == [0]
+                wait_for(lambda: dataset.started == threads + 1, "the reads to start")
+                break
+            assert len(prefetch_threads()) == threads
+        finally:
+            dataset.gate.set()
+        wait_for(lambda: not prefetch_threads(), "every thread to leave")
+        assert dataset.started == dataset.finished == threads + 1
+
+
+class TestInFlightBound:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    @pytest.mark.parametrize("depth", [1, 3])
+    def test_items_read_ahead_count_every_thread(self, threads: int, depth: int) -> None:
+        """Batches read and not yet consumed never exceed depth + N - 1, and reach it."""
+        bound = depth + threads - 1
+        dataset = Counted(bound + 24, bound)
+        loader = BackgroundLoader(DataLoader(dataset), depth=depth, fetch_threads=threads)
+        check_bound(loader, dataset, bound)
+
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    @pytest.mark.parametrize(("budget", "fits"), [(3500, 3), (2000, 2), (500, 1)])
+    def test_bytes_in_flight_respect_max_bytes(self, threads: int, budget: int, fits: int) -> None:
+        """With max_bytes, the batches read ahead fit the budget (one always flows)."""
+        dataset = Counted(40, fits, nbytes=1000)
+        loader = BackgroundLoader(
+            DataLoader(dataset, batch_size=None), depth=32, max_bytes=budget, fetch_threads=threads
+        )
+        check_bound(loader, dataset, fits)
+
+
+def check_bound(loader: BackgroundLoader[Any], dataset: Counted, bound: int) -> None:
+    """Consume slowly, letting the threads fill up; no read may begin beyond ``bound``."""
+    iterator = iter(loader)
+    for _ in range(dataset.size):
+        wanted = min(dataset.consumed_calls + bound, dataset.size)
+        wait_for(lambda: dataset.started >= wanted, f"{wanted} reads to start")  # noqa: B023
+        time.sleep(0.002)  # a read beyond the bound would start now
+        dataset.consumed_calls += 1
+        next(iterator)
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert dataset.violations == []
+    assert dataset.most_ahead == bound
+
+
+BATCHES = 8
+
+
+def stateful(size: int = 22) -> StatefulDataLoader:
+    """A shuffled StatefulDataLoader of 8 batches over :class:`Values`."""
+    return StatefulDataLoader(Values(size, "tuple"), batch_size=3, shuffle=True)
+
+
+def plain_rest(taken: int | None) -> tuple[list[Any], list[Any]]:
+    """The plain loader's first ``taken`` batches (all: ``None``) and what resumes after them."""
+    torch.manual_seed(21)
+    loader = stateful()
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(taken)] if taken is not None else list(iterator)
+    state = copy.deepcopy(loader.state_dict())
+    fresh = stateful()
+    fresh.load_state_dict(state)
+    torch.manual_seed(99)
+    return head, list(fresh)
+
+
+class TestResumeAtEveryPoint:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_resume_after_every_batch(self, threads: int) -> None:
+        """A checkpoint after any k batches resumes with the plain loader's rest after k."""
+        for taken in [*range(BATCHES + 1), None]:
+            head, rest = plain_rest(taken)
+            torch.manual_seed(21)
+            loader = BackgroundLoader(stateful(), fetch_threads=threads)
+            iterator = iter(loader)
+            # taken None: a checkpoint taken at the end
+            consumed = list(iterator) if taken is None else [next(iterator) for _ in range(taken)]
+            state = copy.deepcopy(loader.state_dict())
+            iterator.close()
+            resumed = BackgroundLoader(stateful(), fetch_threads=threads)
+            resumed.load_state_dict(state)
+            torch.manual_seed(99)
+            assert_same_batches(consumed, head)
+            assert_same_batches(list(resumed), rest)
+            if taken is not None:
+                assert len(head) + len(rest) == BATCHES
+
+
+class TestSoak:
+    def test_random_epochs(self) -> None:
+        """Random thread counts, depths, errors and stops: nothing lost, repeated or left."""
+        rng = random.Random(13)
+        started, epochs = time.monotonic(), 0
+        while epochs < 300 and time.monotonic() - started < 15:
+            run_random_epoch(rng)
+            epochs += 1
+            if epochs % 50 == 0:
+                assert settle(5.0) == ([], [])
+        assert epochs >= 100
+        assert settle(5.0) == ([], [])
+
+
+def run_random_epoch(rng: random.Random) -> None:
+    """One epoch with random settings, checked against the plain DataLoader's epoch."""
+    size, batch = rng.randint(0, 30), rng.randint(1, 4)
+    fail: dict[int, BaseException] = {}
+    for index in rng.sample(range(size), min(size, rng.randint(0, 3))):
+        fail[index] = KeyError(index)
+    if size and rng.random() < 0.15:
+        fail[rng.randrange(size)] = Abort("soak")
+    dataset = Values(size, fail=fail)
+    expected = outcomes(iter(DataLoader(dataset, batch_size=batch)))
+    depth = rng.choice([1, 2, 4, "auto"])
+    threads = rng.choice(THREAD_COUNTS)
+    loader = BackgroundLoader(DataLoader(dataset, batch_size=batch), depth, fetch_threads=threads)
+    limit = rng.choice([None, rng.randint(0, len(expected))])
+    if limit is None:
+        assert_same_outcomes(outcomes(iter(loader)), expected)
+        return
+    held = [iter(loader)]
+    seen = outcomes(Taking(held[0], limit))
+    assert_same_outcomes(seen, expected[:limit])
+    for kind, value in seen:  # the dataset keeps raising these objects: their tracebacks
+        if kind != "item":  # (our frames, which hold the iterator) must not keep it alive
+            value.__traceback__ = None
+    stop(held, loader, rng.choice(["close", "loader.close", "with", "gc"]))
+
+
+class Taking:
+    """An iterator over the first ``count`` outcomes of ``iterator``, errors included."""
+
+    def __init__(self, iterator: Any, count: int) -> None:
+        self.iterator = iterator
+        self.left = count
+
+    def __next__(self) -> Any:
+        if self.left == 0:
+            raise StopIteration
+        self.left -= 1
+        return next(self.iterator)
