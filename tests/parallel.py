@@ -176,13 +176,14 @@ def assert_same_batches(actual: list[Any], expected: list[Any]) -> None:
         assert_same(a, e, f"batch {i}")
 
 
-def outcomes(iterator: Iterator[Any]) -> list[tuple[str, Any]]:
+def outcomes(iterator: Iterator[Any], most: int = 1000) -> list[tuple[str, Any]]:
     """Consume ``iterator`` past ``Exception``s: ``("item", batch)`` or ``("error", object)``.
 
     A ``BaseException`` that is not an ``Exception`` ends it as ``("final", object)``.
+    More than ``most`` outcomes fail the test (an iterator that raises forever).
     """
     seen: list[tuple[str, Any]] = []
-    while True:
+    while len(seen) <= most:
         try:
             seen.append(("item", next(iterator)))
         except StopIteration:
@@ -192,6 +193,7 @@ def outcomes(iterator: Iterator[Any]) -> list[tuple[str, Any]]:
         except BaseException as error:
             seen.append(("final", error))
             return seen
+    raise AssertionError(f"more than {most} outcomes: {seen[-3:]}")
 
 
 def assert_same_outcomes(actual: list[tuple[str, Any]], expected: list[tuple[str, Any]]) -> None:

@@ -134,12 +134,12 @@ def check_bound(loader: BackgroundLoader[Any], dataset: Counted, bound: int) -> 
     assert dataset.most_ahead == bound
 
 
-BATCHES = 8
+SAMPLES, BATCHES = 22, 8
 
 
-def stateful(size: int = 22) -> StatefulDataLoader:
-    """A shuffled StatefulDataLoader of 8 batches over :class:`Values`."""
-    return StatefulDataLoader(Values(size, "tuple"), batch_size=3, shuffle=True)
+def stateful() -> StatefulDataLoader:
+    """A shuffled StatefulDataLoader of 8 batches (of 3, the last of 1) over :class:`Values`."""
+    return StatefulDataLoader(Values(SAMPLES, "tuple"), batch_size=3, shuffle=True)
 
 
 def plain_rest(taken: int | None) -> tuple[list[Any], list[Any]]:
@@ -158,14 +158,21 @@ def plain_rest(taken: int | None) -> tuple[list[Any], list[Any]]:
 class TestResumeAtEveryPoint:
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
     def test_resume_after_every_batch(self, threads: int) -> None:
-        """A checkpoint after any k batches resumes with the plain loader's rest after k."""
+        """A checkpoint after any k batches resumes with the plain loader's rest after k.
+
+        The checkpoint is taken once the threads have read as far ahead as they
+        may (depth 2: N + 1 batches beyond the last one consumed).
+        """
         for taken in [*range(BATCHES + 1), None]:
             head, rest = plain_rest(taken)
             torch.manual_seed(21)
-            loader = BackgroundLoader(stateful(), fetch_threads=threads)
+            loader = BackgroundLoader(stateful(), depth=2, fetch_threads=threads)
             iterator = iter(loader)
             # taken None: a checkpoint taken at the end
             consumed = list(iterator) if taken is None else [next(iterator) for _ in range(taken)]
+            drawn = min(BATCHES, len(consumed) + threads + 1)
+            reads = min(SAMPLES, 3 * drawn)
+            wait_for(lambda: len(loader.dataset.reads) == reads, f"{reads} samples read")  # noqa: B023
             state = copy.deepcopy(loader.state_dict())
             iterator.close()
             resumed = BackgroundLoader(stateful(), fetch_threads=threads)
