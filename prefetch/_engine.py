@@ -390,7 +390,7 @@ class Engine:
                 self._space.notify_all()  # a size is known now, or no draw is in progress
             if seq == self.taken + self._run:
                 self._run += 1
-                if self.fetching:  # later ones may be waiting for this one
+                if len(self.results) > self._run:  # later ones, posted first, join the run
                     self._run += self._count_run(seq + 1)
             if self.in_flight > stats.peak_items:
                 stats.peak_items = self.in_flight

@@ -86,15 +86,19 @@ class WithGetItems(Values):
 class Gated(Dataset[torch.Tensor]):
     """Every read after the first ``free`` waits for ``gate`` (an Event).
 
-    ``started`` counts reads begun, ``finished`` reads that returned.
+    With ``only``, just the reads of those indices wait. ``started`` counts
+    reads begun, ``finished`` reads that returned.
 
     ``limit`` fails a read that waited longer than the test allows, so a test
     that forgets to open the gate fails instead of hanging.
     """
 
-    def __init__(self, size: int, free: int = 0, limit: float = 30.0) -> None:
+    def __init__(
+        self, size: int, free: int = 0, only: set[int] | None = None, limit: float = 30.0
+    ) -> None:
         self.size = size
         self.free = free
+        self.only = only
         self.gate = threading.Event()
         self.started = 0
         self.finished = 0
@@ -107,7 +111,7 @@ class Gated(Dataset[torch.Tensor]):
     def __getitem__(self, index: int) -> torch.Tensor:
         with self._lock:
             self.started += 1
-            free = self.started <= self.free
+            free = self.started <= self.free or (self.only is not None and index not in self.only)
         if not free and not self.gate.wait(self.limit):
             msg = f"Gated: read {index} waited more than {self.limit} s for the gate"
             raise TimeoutError(msg)

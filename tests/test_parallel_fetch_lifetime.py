@@ -98,6 +98,29 @@ class TestStopWhileBlockedInARead:
         assert dataset.started == dataset.finished == threads + 1
 
 
+class TestReadyCount:
+    def test_results_posted_out_of_order_count_as_ready(self) -> None:
+        """Batches posted before an earlier one count as ready once it is posted (depth's input)."""
+        dataset = Gated(20, only={0, *range(5, 20)})  # 1..4 read at once; 0 and 5.. wait
+        loader = BackgroundLoader(DataLoader(dataset), depth=4, fetch_threads=2)
+        iterator = iter(loader)
+        engine = iterator._engine
+        try:
+            wait_for(lambda: len(engine.results) == 4, "batches 1..4 posted")
+            dataset.gate.set()  # batch 0 now, after them; 5.. too, but no ticket is free
+            wait_for(lambda: len(engine.results) == 5, "batch 0 posted")
+            dataset.gate.clear()  # batches 5.. wait again
+            readies = []
+            for index in range(5):
+                (_, batch, _, _), ready, waited = engine.take()
+                assert batch.tolist() == [index] and waited == 0.0
+                readies.append(ready)
+            assert readies == [5, 4, 3, 2, 1]
+        finally:
+            dataset.gate.set()
+            iterator.close()
+
+
 class TestInFlightBound:
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
     @pytest.mark.parametrize("depth", [1, 3])
