@@ -3,7 +3,8 @@
 With ``fetch_threads=N``: ``close()``, ``with``, ``break`` and garbage
 collection stop all N threads, even while they are blocked in a read, and
 nothing more is read; the items and bytes in flight stay within the bound
-that counts every thread; a ``StatefulDataLoader`` checkpoint taken after
+that counts every thread, and batches posted out of order count as ready
+(what the adaptive depth hears); a ``StatefulDataLoader`` checkpoint taken after
 any batch resumes exactly where the plain loader would; and a soak of random
 epochs loses, repeats and leaks nothing.
 """
