@@ -307,7 +307,7 @@ class DepthPolicy:
             wanted = (self.depth + 1) // 2
             self._reason = f"grow: took the last ready item; {spare_items}"
         else:  # the items missing; at least half again: the next burst may be longer
-            wanted = max((self.depth + 1) // 2, math.ceil(steps_waited))
+            wanted = max((self.depth + 1) // 2, math.ceil(min(steps_waited, self.maximum)))
             self._reason = f"grow: waited {steps_waited:.1f} steps; {spare_items}"
         return min(self.depth + max(1, min(wanted, math.floor(could_make))), limit)
 

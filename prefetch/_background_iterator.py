@@ -135,7 +135,11 @@ class BackgroundIterator(Iterator[T]):
                 if ready < self._fewest:
                     self._fewest = ready
                 if self._fewest <= 1 or self._pending >= REPORT_EVERY:
-                    self._adapt()
+                    try:
+                        self._adapt()
+                    except BaseException:  # a policy's failure (Ctrl-C included) ends the epoch
+                        self._finish()
+                        raise
             return payload  # type: ignore[no-any-return]  # messages are untyped tuples
         if kind == RAISED:  # the source goes on after it
             if state is not None:

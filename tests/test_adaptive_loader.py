@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from prefetch import BackgroundLoader
+from prefetch import BackgroundLoader, LoaderStats
 from prefetch._adaptive_depth import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
     MIN_SAMPLES,
     MIN_WAIT_STEPS,
     SHRINK_WINDOW,
+    SLOWER_HEADROOM,
     START_DEPTH,
     DepthPolicy,
 )
@@ -28,7 +29,7 @@ from prefetch._background_iterator import REPORT_EVERY
 from prefetch._engine import Engine
 
 from .liveness import consume
-from .processes import prefetch_threads
+from .processes import prefetch_threads, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -417,3 +418,54 @@ def test_constants() -> None:
     """The documented defaults."""
     assert (START_DEPTH, DEFAULT_MAX_DEPTH, DEFAULT_MAX_BYTES) == (2, 32, 1 << 30)
     assert (SHRINK_WINDOW, MIN_WAIT_STEPS, MIN_SAMPLES) == (128, 0.1, 4)
+
+
+class TestPolicyFailure:
+    """A failure inside a policy reaches the loop and stops the epoch's threads."""
+
+    def test_error_in_the_policy_stops_the_threads(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The policy's own error is raised from next() and no prefetch thread is left."""
+        boom = ArithmeticError("policy failed")
+
+        def fail(self: Any, **report: float) -> int | None:
+            raise boom
+
+        monkeypatch.setattr(DepthPolicy, "observe", fail)
+        iterator = iter(BackgroundLoader(range(100)))
+        with pytest.raises(ArithmeticError) as caught:
+            for _ in iterator:
+                pass
+        assert caught.value is boom
+        assert wait_until(lambda: not prefetch_threads(), 2.0), prefetch_threads()
+        with pytest.raises(StopIteration):
+            next(iterator)
+
+    def test_a_wait_of_infinitely_many_steps_is_bounded(self) -> None:
+        """A wait over a zero mean step grows to the slower producer's headroom, no overflow."""
+        policy = DepthPolicy(maximum=8, max_bytes=None)
+        policy.start_epoch(LoaderStats(started=0.0))
+        for i in range(6):
+            policy.observe(
+                now=i + 1.0,
+                step=1.0,
+                waited=0.0,
+                ready=2,
+                fetched=i + 1,
+                busy_seconds=0.1 * (i + 1),
+                blocked_seconds=0.9 * i,
+                largest_item=0,
+            )
+        policy._step_sum = 0.0  # the loop's mean step is 0: the wait counts infinitely many
+        assert (
+            policy.observe(
+                now=20.0,
+                step=0.0,
+                waited=5.0,
+                ready=0,
+                fetched=7,
+                busy_seconds=0.7,
+                blocked_seconds=5.0,
+                largest_item=0,
+            )
+            == START_DEPTH + SLOWER_HEADROOM
+        )
