@@ -24,5 +24,5 @@ from __future__ import annotations
 
 __all__ = ["WORKLOADS"]
 
-WORKLOADS = ("handoff", "jittery", "bursty", "pipeline", "gpu", "control")
+WORKLOADS = ("handoff", "jittery", "bursty", "pipeline", "gpu", "control", "jpeg", "cow")
 """Workload names, in the order they run."""
