@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 def check_iterable(loader: object, owner: str, argument: str = "loader") -> None:
     """Raise ``TypeError`` naming ``owner`` and ``argument`` if ``loader`` cannot be iterated."""
@@ -77,3 +79,19 @@ def check_loader_depth(depth: object, max_depth: object, owner: str) -> int | No
         )
         raise ValueError(msg)
     return fixed
+
+
+def check_fetch_threads(value: object, owner: str) -> int | Literal["auto"] | None:
+    """Return ``fetch_threads`` if it is ``None``, ``"auto"`` or an int >= 1, else raise."""
+    if value is None:
+        return None
+    if value == "auto":
+        return "auto"
+    expected = "None, 'auto' or an int >= 1"
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{owner}(fetch_threads=...) expects {expected}, got {value!r}"
+        raise TypeError(msg)
+    if value < 1:
+        msg = f"{owner}(fetch_threads=...) expects {expected}, got {value}"
+        raise ValueError(msg)
+    return value

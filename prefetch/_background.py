@@ -9,16 +9,15 @@ thread is :mod:`prefetch._thread_worker`; the shared state is
 
 from __future__ import annotations
 
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar, cast
 
 import torch
+from torch.utils.data import DataLoader
 
-from prefetch import _thread_worker as thread_worker
 from prefetch._adaptive_depth import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
@@ -28,18 +27,21 @@ from prefetch._adaptive_depth import (
 )
 from prefetch._arguments import (
     check_bool,
+    check_fetch_threads,
     check_iterable,
     check_loader_depth,
     check_optional_count,
 )
 from prefetch._background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
-from prefetch._channel import Channel, request_stop
 from prefetch._checkpointing import adopt_state, read_start_state
+from prefetch._engine import Engine
+from prefetch._parallel_fetch import check_parallel_loader, sampler_tasks
 from prefetch._pinning import accelerator_available, current_device_index, pin_batch, select_device
 from prefetch._sampler_seed import start_sampler_here
 from prefetch._stateful import read_state
 from prefetch._stats import EpochRecord
-from prefetch._thread_worker import ProducerSpec
+from prefetch._tasks import IteratorTasks, ProducerSpec, Tasks
+from prefetch._thread_policy import FixedThreads, ThreadControl, ThreadPolicy
 from prefetch._wrapper import (
     LoaderWrapper,
     one_iterator_reason,
@@ -99,8 +101,15 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             else the caller's current device at ``iter()``. Without an
             accelerator this warns once and items pass through unchanged.
         num_threads: If given, ``torch.set_num_threads`` in the producer
-            thread, so torch work there does not fight your training step
+            thread(s), so torch work there does not fight your training step
             for the cores.
+        fetch_threads: Parallel fetch, for a map-style ``DataLoader`` with
+            ``num_workers=0``: this many threads read and collate its batches
+            (``"auto"``: as many as make the loop wait less, up to about the
+            core count for CPU-bound work and more for I/O), delivered in
+            sampler order, exactly the DataLoader's batches. ``None`` (the
+            default): one thread produces the loader's items, whatever the
+            loader is. See the guide on threads versus worker processes.
 
     Example:
         >>> loader = BackgroundLoader(range(5))
@@ -121,6 +130,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         max_bytes: int | None = None,
         pin_memory: bool = False,
         num_threads: int | None = None,
+        fetch_threads: int | Literal["auto"] | None = None,
     ) -> None:
         check_iterable(loader, "BackgroundLoader")
         fixed = check_loader_depth(depth, max_depth, "BackgroundLoader")
@@ -143,15 +153,21 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
                 stacklevel=2,
             )
             pin_memory = False
+        self._fetch_threads = check_fetch_threads(fetch_threads, "BackgroundLoader")
+        if fetch_threads is not None:
+            check_parallel_loader(loader, "BackgroundLoader")
+        self._thread_control: ThreadControl | None = None
+        if fetch_threads == "auto":
+            self._thread_control = ThreadPolicy(max_bytes=self._max_bytes)
         self._loader = loader
         self._pin_memory = pin_memory
         self._num_threads = num_threads
         self._pin_device: int | None = None  # None: the caller's current device at iter()
         self._stateful = adopt_state(self)
         self._epoch = None
-        # Every epoch whose thread may still run: (iterator, thread, channel).
-        self._live: list[tuple[weakref.ref[BackgroundIterator[T]], threading.Thread, Channel]] = []
-        self._last_channel: Channel | None = None
+        # Every epoch whose threads may still run: (iterator, engine).
+        self._live: list[tuple[weakref.ref[BackgroundIterator[T]], Engine]] = []
+        self._last_engine: Engine | None = None
         self._warned_consumed = False
 
     @property
@@ -203,24 +219,40 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             read_state=partial(read_state, loader) if self._stateful else None,
             setup=self._thread_setup(),
         )
-        iterator = BackgroundIterator(
-            source,
+        tasks: Tasks
+        if self._fetch_threads is None:
+            tasks = IteratorTasks(source, producer.owned)
+        else:
+            tasks = sampler_tasks(cast("DataLoader[T]", loader), source, "BackgroundLoader")
+        iterator: BackgroundIterator[T] = BackgroundIterator(
+            tasks,
             self._epoch,
             control=self._control,
             max_bytes=self._max_bytes,
             producer=producer,
+            threads=self._threads_for_epoch(),
         )
-        self._live.append((weakref.ref(iterator), iterator._thread, iterator._channel))
-        self._last_channel = iterator._channel
+        self._live.append((weakref.ref(iterator), iterator._engine))
+        self._last_engine = iterator._engine
         return iterator
+
+    @property
+    def fetch_threads(self) -> int | Literal["auto"] | None:
+        """Threads that fetch a DataLoader's batches in parallel (``None``: one thread)."""
+        return self._fetch_threads
+
+    def _threads_for_epoch(self) -> ThreadControl:
+        if self._thread_control is not None:
+            return self._thread_control
+        return FixedThreads(self._fetch_threads if isinstance(self._fetch_threads, int) else 1)
 
     def _pin_for(self, device: torch.device) -> None:
         """Pin for ``device`` (a CudaPrefetcher on top names it): the thread selects it."""
         self._pin_device = device.index
 
     def _warn_if_consumed(self, loader: Iterable[T]) -> None:
-        channel = self._last_channel
-        used_up = channel is not None and channel.source_ended
+        engine = self._last_engine
+        used_up = engine is not None and engine.source_ended
         if used_up and isinstance(loader, Iterator) and not self._warned_consumed:
             self._warned_consumed = True
             warn_consumed(type(self).__name__, loader)
@@ -243,37 +275,36 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
     def _stop_epoch(self, wait: bool, reason: str | None = None) -> None:
         """Stop every open epoch; with ``reason``, their next ``next()`` says why."""
         live, self._live = self._live, []
-        for ref, thread, channel in live:
-            # The iterator may already be garbage while its thread is still inside
-            # the source, so the thread is stopped and joined through the channel.
+        for ref, engine in live:
+            # The iterator may already be garbage while its threads are still inside
+            # the source, so they are stopped and joined through the engine.
             current = ref()
             if current is not None and reason is not None:
-                current._invalidate(reason)  # stops and joins the thread (bounded)
+                current._invalidate(reason)  # stops and joins the threads (bounded)
             elif current is not None:
                 current.close()
             else:
-                request_stop(channel)
-                thread_worker.join_producer(
-                    thread, channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
-                )
+                engine.stop()
+                engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
             del current
-            while wait and thread.is_alive():  # e.g. before persistent workers are reset
-                thread.join(0.1)
+            while wait and not engine.join(timeout=0.1, stuck_grace=0.1):
+                pass  # e.g. before persistent workers are reset: wait them out
 
     def _join_abandoned(self) -> None:
         """Forget ended epochs; stop and join those whose iterator was dropped."""
         kept = []
         for entry in self._live:
-            ref, thread, channel = entry
+            ref, engine = entry
             if ref() is not None:
                 kept.append(entry)
-            elif thread.is_alive():
-                request_stop(channel)
-                thread_worker.join_producer(
-                    thread, channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
-                )
+            else:
+                engine.stop()
+                engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
         self._live = kept
 
     def __repr__(self) -> str:
         depth = "'auto'" if self._control.adaptive else self._control.depth
-        return f"BackgroundLoader({short_repr(self._loader)}, depth={depth})"
+        text = f"BackgroundLoader({short_repr(self._loader)}, depth={depth}"
+        if self._fetch_threads is not None:
+            text += f", fetch_threads={self._fetch_threads!r}"
+        return text + ")"

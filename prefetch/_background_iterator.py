@@ -1,10 +1,10 @@
-"""``BackgroundIterator``: the consumer end of one epoch's producer thread.
+"""``BackgroundIterator``: the consumer end of one epoch's engine.
 
-The thread itself lives in :mod:`prefetch._thread_worker`. This module takes
-items off the channel, waits (timed, checking the thread is alive) when none
-is ready, keeps the epoch's stats and checkpoint state, reports each hand-off
-to an adaptive depth policy if there is one, and shuts the thread down when
-the epoch ends, on ``close()``, or when the iterator is collected.
+The threads and what they share live in :mod:`prefetch._engine`. This module
+takes items from the engine, keeps the epoch's stats and checkpoint state,
+reports each hand-off to the adaptive depth and thread policies if there are
+any, and stops the engine when the epoch ends, on ``close()``, or when the
+iterator is collected.
 
 Invariants:
 
@@ -26,15 +26,13 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterator
-from queue import Empty
 from typing import TypeVar
 
-from prefetch import _thread_worker as thread_worker
 from prefetch._adaptive_depth import DepthControl
-from prefetch._channel import END, ITEM, POLL_SECONDS, RAISED, Channel, Message, request_stop
-from prefetch._profiling import profiling, span
+from prefetch._engine import END, ITEM, RAISED, STOPPED, Engine
 from prefetch._stats import EpochRecord, LoaderStats
-from prefetch._thread_worker import ProducerSpec
+from prefetch._tasks import ProducerSpec, Tasks
+from prefetch._thread_policy import FixedThreads, ThreadControl
 
 T = TypeVar("T")
 
@@ -68,18 +66,29 @@ class BackgroundIterator(Iterator[T]):
 
     def __init__(
         self,
-        source: Iterator[T],
+        tasks: Tasks,
         epoch: EpochRecord,
         *,
         control: DepthControl,
         max_bytes: int | None,
         producer: ProducerSpec,
+        threads: ThreadControl | None = None,
     ) -> None:
         control.start_epoch(epoch.stats)
-        self._channel = Channel(control.depth, epoch.stats, max_bytes)
+        threads = threads if threads is not None else FixedThreads(1)
+        threads.start_epoch(epoch.stats)
+        self._engine = Engine(
+            tasks,
+            producer,
+            depth=control.depth,
+            threads=threads.threads,
+            max_bytes=max_bytes,
+            stats=epoch.stats,
+        )
         self._epoch = epoch
         self._control = control
-        self._reports = control.adaptive  # a fixed depth hears nothing
+        self._threads = threads
+        self._reports = control.adaptive or threads.adaptive  # fixed ones hear nothing
         self._waited = 0.0
         self._handed_over = 0.0  # perf_counter() at the last report to the policy
         self._pending = 0  # hand-offs since then
@@ -88,10 +97,10 @@ class BackgroundIterator(Iterator[T]):
         self._invalid: str | None = None  # why another epoch stopped this one
         self._keeps_state = producer.read_state is not None
         self._source_error_id: int | None = None
-        self._finalizer = weakref.finalize(self, request_stop, self._channel)
+        self._finalizer = weakref.finalize(self, self._engine.stop)
         self._finalizer.atexit = False
         try:
-            self._thread = thread_worker.start_producer(self._channel, source, producer)
+            self._engine.start()
         except BaseException:  # e.g. Ctrl-C while Thread.start() waits: never leave it running
             self._finalizer()
             raise
@@ -110,14 +119,11 @@ class BackgroundIterator(Iterator[T]):
             if reason is not None:
                 raise RuntimeError(reason)
             raise StopIteration
-        messages = self._channel.messages
-        ready = len(messages)
-        if ready:
-            kind, payload, state, nbytes = messages.popleft()  # one consumer: cannot fail
-        else:
-            kind, payload, state, nbytes = self._wait()
+        (kind, payload, state, _), ready, waited = self._engine.take()
+        if waited:
+            self._waited = waited
+            self._epoch.stats.wait_seconds += waited
         if kind == ITEM:
-            self._channel.release_slot(nbytes)
             epoch = self._epoch
             epoch.stats.items += 1
             epoch.state = state  # None unless the loader is stateful
@@ -131,9 +137,12 @@ class BackgroundIterator(Iterator[T]):
                     self._adapt()
             return payload  # type: ignore[no-any-return]  # messages are untyped tuples
         if kind == RAISED:  # the source goes on after it
-            self._channel.release_slot(0)
+            if state is not None:
+                self._epoch.state = state  # the failed batch was drawn: resume after it
         else:
             self._finish()
+            if kind == STOPPED:  # close() from another thread while this one waited
+                return self.__next__()
             if kind == END:
                 if self._keeps_state:
                     self._epoch.state = state  # read after StopIteration: the next epoch
@@ -163,70 +172,49 @@ class BackgroundIterator(Iterator[T]):
         return self._source_error_id == id(error)
 
     def _adapt(self) -> None:
-        """Report the hand-offs since the last report to the policy; apply its decision."""
-        if not self._control.drives(self._epoch.stats):
-            self._reports = False  # a newer iter() adapts it now; this epoch keeps its depth
+        """Report the hand-offs since the last report to the policies; apply their decisions."""
+        stats, engine = self._epoch.stats, self._engine
+        if not self._control.drives(stats) and not self._threads.drives(stats):
+            self._reports = False  # a newer iter() adapts them now; this epoch keeps its own
             return
-        channel = self._channel
         now = time.perf_counter()
-        fewest, count = self._fewest, self._pending
-        waited = 0.0 if fewest else self._waited  # only the last hand-off can have waited
-        new = self._control.observe(
-            now=now,
-            step=now - self._handed_over - waited,
-            waited=waited,
-            ready=fewest,
-            fetched=channel.fetched,
-            busy_seconds=channel.busy_seconds,
-            blocked_seconds=channel.blocked_seconds,
-            largest_item=channel.largest_item,
-            count=count,
-        )
-        if new is not None:
-            channel.set_depth(new)
+        if self._control.drives(stats):
+            fewest, count = self._fewest, self._pending
+            waited = 0.0 if fewest else self._waited  # only the last hand-off can have waited
+            threads = max(engine.target, 1)  # N threads make an item N times as often
+            new = self._control.observe(
+                now=now,
+                step=now - self._handed_over - waited,
+                waited=waited,
+                ready=fewest,
+                fetched=engine.fetched,
+                busy_seconds=engine.busy_seconds / threads,
+                blocked_seconds=engine.blocked_seconds,
+                largest_item=engine.largest_item,
+                count=count,
+            )
+            if new is not None:
+                engine.set_depth(new)
+        if self._threads.drives(stats):
+            wanted = self._threads.observe(
+                now=now,
+                items=stats.items,
+                waited=stats.wait_seconds,
+                busy_seconds=engine.busy_seconds,
+                cpu_seconds=engine.cpu_seconds,
+                largest_item=engine.largest_item,
+            )
+            if wanted is not None:
+                engine.set_threads(wanted)
         self._handed_over = now
         self._pending, self._fewest = 0, 1 << 62
-
-    def _wait(self) -> Message:
-        if profiling():
-            with span("prefetch.wait"):
-                return self._wait_for_message()
-        return self._wait_for_message()
-
-    def _wait_for_message(self) -> Message:
-        channel = self._channel
-        started = time.perf_counter()
-        try:
-            while True:
-                channel.consumer_waiting = True  # announce, then re-check: no lost wake-up
-                try:
-                    return channel.messages.popleft()
-                except IndexError:
-                    pass
-                try:
-                    channel.data_ready.get(timeout=POLL_SECONDS)
-                except Empty:
-                    if not self._thread.is_alive() and not channel.messages:
-                        self._finish()
-                        msg = (
-                            f"prefetch thread {self._thread.name!r} exited without "
-                            "delivering an item, an error or the end of the data"
-                        )
-                        raise RuntimeError(msg) from None
-        finally:
-            channel.consumer_waiting = False
-            self._waited = time.perf_counter() - started
-            self._epoch.stats.wait_seconds += self._waited
 
     def _finish(self) -> None:
         if not self._done:
             self._done = True
             self._epoch.stats.finished = time.perf_counter()
         self._finalizer()
-        thread_worker.join_producer(
-            self._thread, self._channel, timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE
-        )
-        self._channel.messages.clear()
+        self._engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
 
     def close(self) -> None:
         """Stop the thread and release the source; prefetched items are dropped.

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from prefetch._stats import EpochRecord, LoaderStats
-from prefetch._thread_worker import release_source
+from prefetch._tasks import release_source
 
 T = TypeVar("T")
 

@@ -32,7 +32,7 @@ class DepthEvent:
 
 @dataclasses.dataclass(frozen=True)
 class ThreadEvent:
-    """A decision of ``BackgroundLoader(fetch_threads="auto")``: a change of thread count, or why not.
+    """A decision of ``fetch_threads="auto"``: a change of thread count, or why not.
 
     ``old == new`` marks a decision to hold (recorded once per epoch and
     reason), for example because the threads already use every core.

@@ -34,7 +34,7 @@ from prefetch._adaptive_depth import FixedDepth
 from prefetch._arguments import check_iterable
 from prefetch._background_iterator import BackgroundIterator
 from prefetch._stats import EpochRecord
-from prefetch._thread_worker import ProducerSpec
+from prefetch._tasks import IteratorTasks, ProducerSpec
 
 __all__ = ["BackgroundGenerator", "background", "prefetch"]
 
@@ -116,7 +116,7 @@ class BackgroundGenerator(BackgroundIterator[T]):
             )
             raise TypeError(msg)
         super().__init__(
-            iter(generator),
+            IteratorTasks(iter(generator), owned),
             EpochRecord(None),
             control=FixedDepth(depth),
             max_bytes=None,
@@ -133,11 +133,11 @@ class BackgroundGenerator(BackgroundIterator[T]):
         The thread ends once the generator is exhausted (or raised) and what
         it produced fits in the buffer, or once the iteration stops early.
         """
-        self._thread.join(timeout)
+        self._engine.threads[0].join(timeout)
 
     def is_alive(self) -> bool:
         """Return whether the thread is still running, as :meth:`threading.Thread.is_alive`."""
-        return self._thread.is_alive()
+        return self._engine.threads[0].is_alive()
 
     def start(self) -> None:
         """Raise :class:`RuntimeError`, as a started :class:`threading.Thread` does.
@@ -150,17 +150,17 @@ class BackgroundGenerator(BackgroundIterator[T]):
     @property
     def daemon(self) -> bool:
         """Whether the thread is a daemon: always ``True``, as in the original (read-only)."""
-        return self._thread.daemon
+        return self._engine.threads[0].daemon
 
     @property
     def name(self) -> str:
         """The thread's name, ``prefetch-N`` (read-only)."""
-        return self._thread.name
+        return self._engine.threads[0].name
 
     @property
     def ident(self) -> int | None:
         """The thread's identifier, as :attr:`threading.Thread.ident`."""
-        return self._thread.ident
+        return self._engine.threads[0].ident
 
 
 def background(

@@ -5,7 +5,7 @@ numbers :meth:`BackgroundIterator._adapt` would pass, on a clock that is
 injected (simulated seconds, no sleeping), so a latency trace of thousands of
 items runs in milliseconds and gives the same result every time.
 
-It mimics :class:`~prefetch._channel.Channel`:
+It mimics :class:`~prefetch._engine.Engine`:
 
 * the producer takes a slot (``produced += 1``) before each fetch and blocks
   while ``produced - consumed >= depth``; item ``i`` takes ``source[i]``
@@ -65,7 +65,7 @@ def simulate(source: Sequence[float], step: float, depth: int | DepthPolicy) -> 
     posts: list[float] = []  # when each message whose slot was taken is (or will be) posted
     free = 0.0  # when the producer next tries to take a slot
     blocked_since: float | None = None
-    blocked = 0.0  # completed blocks, summed (Channel.blocked_seconds)
+    blocked = 0.0  # completed blocks, summed (Engine.blocked_seconds)
     consumed = peak = 0
 
     def run_producer(until: float) -> None:

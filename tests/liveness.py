@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from prefetch._channel import Channel
+from prefetch._engine import Engine
 
 LIVENESS_SECONDS = 2.0
 """How long a step may make no progress before the test fails (never a speed claim)."""
@@ -33,27 +33,28 @@ def producer_frame(thread: threading.Thread) -> str:
     return "ended" if not thread.is_alive() else "outside prefetch"
 
 
-def describe(channel: Channel, thread: threading.Thread) -> str:
-    """Say where the producer ``thread`` of ``channel`` stands and why, in words."""
-    outstanding = channel.produced - channel.consumed
-    free = max(channel.depth - outstanding, 0)
-    where = producer_frame(thread)
-    if "wait_for_space" in where:  # (mutation testing renames the function)
+def describe(engine: Engine) -> str:
+    """Say where the threads of ``engine`` stand and why, in words."""
+    with engine._lock:
+        in_flight, depth, threads = engine.in_flight, engine.depth, engine.target
+        limit = depth + threads - 1
+        free = max(limit - in_flight, 0)
+        ready = len(engine.results)
+        buffered, largest = engine.buffered_bytes, engine.largest_item
+        waiting = engine._workers_waiting
+    where = ", ".join(producer_frame(thread) for thread in engine.threads) or "no thread"
+    if waiting:
         text = (
-            f"producer still blocked on a full buffer with {free} free "
-            f"slot{'' if free == 1 else 's'} ({outstanding} of depth {channel.depth} taken"
+            f"{waiting} of {len(engine.threads)} thread(s) still blocked on a full buffer with "
+            f"{free} free slot{'' if free == 1 else 's'} ({in_flight} of {limit} taken"
         )
-        if channel.max_bytes is not None:
-            buffered = channel.produced_bytes - channel.consumed_bytes
+        if engine.max_bytes is not None:
             text += (
-                f"; {buffered} B buffered + largest item {channel.largest_item} B"
-                f" vs max_bytes {channel.max_bytes}"
+                f"; {buffered} B buffered + largest item {largest} B"
+                f" vs max_bytes {engine.max_bytes}"
             )
         return text + ")"
-    return (
-        f"producer in {where}, {len(channel.messages)} messages ready "
-        f"({outstanding} of depth {channel.depth} slots taken)"
-    )
+    return f"threads in {where}, {ready} messages ready ({in_flight} of {limit} slots taken)"
 
 
 def wait_for(condition: Callable[[], bool], what: Callable[[], str], timeout: float) -> None:
@@ -75,10 +76,9 @@ def take(iterator: Iterator[Any], timeout: float = LIVENESS_SECONDS) -> Any:
     stuck: list[str] = []
 
     def watchdog() -> None:
-        channel = getattr(iterator, "_channel", None)
-        thread = getattr(iterator, "_thread", None)
-        if channel is not None and thread is not None:
-            stuck.append(describe(channel, thread))
+        engine = getattr(iterator, "_engine", None)
+        if engine is not None:
+            stuck.append(describe(engine))
         else:
             stuck.append("next() not returning")
         close = getattr(iterator, "close", None)

@@ -25,7 +25,7 @@ from prefetch._adaptive_depth import (
     DepthPolicy,
 )
 from prefetch._background_iterator import REPORT_EVERY
-from prefetch._channel import Channel
+from prefetch._engine import Engine
 
 from .liveness import consume
 from .processes import prefetch_threads
@@ -146,7 +146,7 @@ class TestAdaptsWithThreads:
         assert stats.depth == grown == stats.peak_depth
         second = iter(loader)
         assert second.stats.depth == grown
-        assert second._channel.depth == grown
+        assert second._engine.depth == grown
         assert list(second) == list(range(20))
 
     def test_complete_and_in_order(self) -> None:
@@ -196,15 +196,15 @@ class TestAdaptsWithThreads:
 
 @pytest.fixture
 def posts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Spy on Channel.post_item: (items taken, tensor bytes buffered) after each item posted."""
+    """Spy on Engine._post: (items in flight, tensor bytes buffered) after each item posted."""
     seen: list[tuple[int, int]] = []
-    original = Channel.post_item
+    original = Engine._post
 
-    def spy(self: Channel, item: Any, state: Any, nbytes: int, started: float) -> None:
-        original(self, item, state, nbytes, started)
-        seen.append((self.produced - self.consumed, self.produced_bytes - self.consumed_bytes))
+    def spy(self: Engine, *args: Any) -> None:
+        original(self, *args)
+        seen.append((self.in_flight, self.buffered_bytes))
 
-    monkeypatch.setattr(Channel, "post_item", spy)
+    monkeypatch.setattr(Engine, "_post", spy)
     return seen
 
 
@@ -297,10 +297,12 @@ class TestMemoryBound:
         it = iter(loader)
         next(it)
         deadline = time.monotonic() + 5.0  # the producer fills the budget and blocks
-        while not it._channel.producer_waiting and time.monotonic() < deadline:
+        engine = it._engine
+        while not (engine._workers_waiting and engine.in_flight == 2):
+            assert time.monotonic() < deadline, "the producer never filled the byte budget"
             time.sleep(0.005)
-        assert it._channel.producer_waiting
-        assert it._channel.produced - it._channel.consumed == 2  # 2 MiB: bytes, not depth 8
+        time.sleep(0.05)  # blocked: it takes no third item (2 MiB: bytes, not depth 8)
+        assert engine._workers_waiting and engine.in_flight == 2
         started = time.monotonic()
         it.close()
         assert time.monotonic() - started < 1.0
@@ -316,7 +318,7 @@ class TestFixedDepthUnchanged:
     def test_fixed_depth(self, posts: list[tuple[int, int]], monkeypatch: Any) -> None:
         """depth=3 with bursts: never more than 3 taken, no events, depth 3 throughout."""
         set_depth: list[int] = []
-        monkeypatch.setattr(Channel, "set_depth", lambda self, d: set_depth.append(d))
+        monkeypatch.setattr(Engine, "set_depth", lambda self, d: set_depth.append(d))
         loader = BackgroundLoader(
             Reiterable(lambda: bursty_source(30, {9, 19}, 0.05, tensor=16)), depth=3
         )

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import prefetch
 from prefetch import BackgroundLoader
-from prefetch._thread_worker import Channel
+from prefetch._engine import Engine
 
 from .processes import prefetch_threads
 from .sources import Stateful
@@ -173,21 +173,21 @@ class TestDepth:
         assert min(ahead) >= 0
 
     @pytest.mark.parametrize("depth", [1, 2, 4])
-    def test_channel_never_exceeds_depth(self, depth: int) -> None:
-        """The channel's count of items taken and not consumed never exceeds depth."""
+    def test_engine_never_exceeds_depth(self, depth: int) -> None:
+        """The engine's count of items drawn and not consumed never exceeds depth."""
         seen: list[int] = []
-        original = Channel.post
+        original = Engine._post
 
-        def spy(self: Channel, message: tuple[int, Any, Any]) -> None:
-            seen.append(self.produced - self.consumed)
-            original(self, message)
+        def spy(self: Engine, *args: Any) -> None:
+            seen.append(self.in_flight)
+            original(self, *args)
 
-        Channel.post = spy  # type: ignore[method-assign]
+        Engine._post = spy  # type: ignore[method-assign]
         try:
             for _ in BackgroundLoader(range(200), depth=depth):
                 time.sleep(0.0005)
         finally:
-            Channel.post = original  # type: ignore[method-assign]
+            Engine._post = original  # type: ignore[method-assign]
         assert max(seen) == depth
 
     @pytest.mark.parametrize("depth", [0, -3])
@@ -283,9 +283,7 @@ class TestErrors:
 
     def test_dead_thread_raises_runtime_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """If the thread dies without a message, next() raises RuntimeError promptly."""
-        from prefetch import _thread_worker as thread_worker
-
-        monkeypatch.setattr(thread_worker, "_produce", lambda *args: None)
+        monkeypatch.setattr(Engine, "_work", lambda self: self._leave(None, ticket=False))
         it = iter(BackgroundLoader(range(3)))
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="exited without"):
@@ -649,6 +647,7 @@ def test_public_api_is_explicit() -> None:
         "Normalize",
         "NotStatefulError",
         "Stateful",
+        "ThreadEvent",
     }
     for name in prefetch.__all__:
         assert getattr(prefetch, name).__module__.startswith("prefetch._")
@@ -694,11 +693,11 @@ class TestReleaseErrors:
         def closing_error(source: Iterator[int], owned: bool) -> None:
             raise cleanup_error
 
-        from prefetch import _thread_worker as thread_worker
+        from prefetch import _tasks
 
         got: list[int] = []
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(thread_worker, "release_source", closing_error)
+            patch.setattr(_tasks, "release_source", closing_error)
             with pytest.raises(Boom) as caught:
                 for item in BackgroundLoader(Source()):
                     got.append(item)

@@ -41,7 +41,7 @@ class Feed:
         self.epoch()
 
     def epoch(self) -> LoaderStats:
-        """Start an epoch: fresh stats and fresh producer totals (a new Channel)."""
+        """Start an epoch: fresh stats and fresh producer totals (a new Engine)."""
         self.stats = LoaderStats(started=self.now)
         self.fetched, self.busy, self.blocked = 0, 0.0, 0.0
         self.policy.start_epoch(self.stats)

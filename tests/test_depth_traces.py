@@ -27,7 +27,7 @@ def auto() -> DepthPolicy:
 
 
 class TestSimulator:
-    """The simulator itself behaves as the Channel does, on cases worked out by hand."""
+    """The simulator itself behaves as the Engine does, on cases worked out by hand."""
 
     def test_fast_producer(self) -> None:
         """A fast producer costs one wait for the first item, then the loop never waits."""
@@ -148,7 +148,7 @@ class TestSimulatedTraces:
 
     @pytest.mark.parametrize("depth", [1, 2, 5])
     def test_fixed_depth_in_the_simulator(self, depth: int) -> None:
-        """A fixed depth never changes and bounds the items taken, as in the Channel."""
+        """A fixed depth never changes and bounds the items taken, as in the Engine."""
         run = sim.simulate(sim.bursty(200), 1.0, depth)
         assert set(run.depths) == {depth}
         assert run.peak_items == depth

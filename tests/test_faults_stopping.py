@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import pytest
 
 from prefetch import BackgroundLoader, CudaPrefetcher
-from prefetch._thread_worker import request_stop
 
 from . import fake_device
 from .processes import prefetch_threads, wait_until
@@ -95,9 +94,9 @@ class TestInterruptedStart:
             assert wait_until(lambda: not prefetch_threads(), 3.0), "producer thread leaked"
         finally:
             for thread in prefetch_threads():  # unblock the leaked thread for the next tests
-                channel = getattr(thread, "_args", (None,))[0]
-                if channel is not None:
-                    request_stop(channel)
+                engine = getattr(getattr(thread, "_target", None), "__self__", None)
+                if engine is not None:
+                    engine.stop()
 
 
 class TestInterruptWhileRefilling:

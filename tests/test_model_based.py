@@ -210,14 +210,18 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @rule(state=states)
     def load(self, state: dict[str, int]) -> None:
-        """load_state_dict() stops the epoch; the next iter() resumes right after that item."""
+        """load_state_dict() stops the epoch, saying so; the next iter() resumes after that item."""
         self.loader.load_state_dict(dict(state))
+        was_open = self.current is not None and not self.current.done
         if self.current is not None:
             self.current.done = True
         self.pos = state["pos"]
         self.next_epoch = self.active_epoch = state["epoch"]
         self.expected_state = dict(state)
         if self.iterator is not None:
+            if was_open:  # an open epoch never ends silently
+                with pytest.raises(RuntimeError, match="load_state_dict"):
+                    next(self.iterator)
             with pytest.raises(StopIteration):
                 next(self.iterator)
 

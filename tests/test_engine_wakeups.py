@@ -1,4 +1,4 @@
-"""The channel wakes a blocked producer on every event that frees it, without polling.
+"""The engine wakes a blocked thread on every event that frees it, without polling.
 
 The producer re-checks every ``POLL_SECONDS`` as a safety net; here that net
 is taken away (30 s), so a lost wake-up leaves the producer blocked and the
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefetch import BackgroundLoader
-from prefetch import _channel as channel_module
+from prefetch import _engine as engine_module
 
 from .liveness import consume, describe, take, wait_for
 
@@ -23,7 +23,7 @@ LIVENESS = 2.0
 @pytest.fixture
 def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """A blocked producer re-checks only after 30 s: every wake-up must be delivered."""
-    monkeypatch.setattr(channel_module, "POLL_SECONDS", 30.0)
+    monkeypatch.setattr(engine_module, "POLL_SECONDS", 30.0)
 
 
 @pytest.mark.usefixtures("no_poll")
@@ -47,18 +47,10 @@ class TestWakeUps:
         """Raising the depth wakes a producer blocked on the old one."""
         iterator = iter(BackgroundLoader(range(10), depth=1))
         try:
-            channel = iterator._channel
-            wait_for(
-                lambda: channel.producer_waiting,
-                lambda: describe(channel, iterator._thread),
-                LIVENESS,
-            )
-            channel.set_depth(3)
-            wait_for(
-                lambda: len(channel.messages) == 3,
-                lambda: describe(channel, iterator._thread),
-                LIVENESS,
-            )
+            engine = iterator._engine
+            wait_for(lambda: engine._workers_waiting > 0, lambda: describe(engine), LIVENESS)
+            engine.set_depth(3)
+            wait_for(lambda: len(engine.results) == 3, lambda: describe(engine), LIVENESS)
             assert [take(iterator, LIVENESS) for _ in range(3)] == [0, 1, 2]
         finally:
             iterator.close()
@@ -66,15 +58,11 @@ class TestWakeUps:
     def test_stop_wakes_the_producer(self) -> None:
         """close() ends a producer blocked on a full buffer, well before its next poll."""
         iterator = iter(BackgroundLoader(range(10), depth=1))
-        thread = iterator._thread
-        channel = iterator._channel
-        wait_for(
-            lambda: channel.producer_waiting, lambda: describe(channel, iterator._thread), LIVENESS
-        )
+        engine = iterator._engine
+        (thread,) = engine.threads
+        wait_for(lambda: engine._workers_waiting > 0, lambda: describe(engine), LIVENESS)
         iterator.close()
-        wait_for(
-            lambda: not thread.is_alive(), lambda: describe(channel, iterator._thread), LIVENESS
-        )
+        wait_for(lambda: not thread.is_alive(), lambda: describe(engine), LIVENESS)
 
 
 class TestOversizedItem:
@@ -97,15 +85,11 @@ class TestDescribe:
         """The description gives depth, slots taken and free, bytes and the budget."""
         iterator = iter(BackgroundLoader([torch.zeros(256)] * 4, depth=2, max_bytes=4096))
         try:
-            channel = iterator._channel
-            wait_for(
-                lambda: channel.producer_waiting,
-                lambda: describe(channel, iterator._thread),
-                LIVENESS,
-            )
-            assert describe(channel, iterator._thread) == (
-                "producer still blocked on a full buffer with 0 free slots "
-                "(2 of depth 2 taken; 2048 B buffered + largest item 1024 B vs max_bytes 4096)"
+            engine = iterator._engine
+            wait_for(lambda: engine._workers_waiting > 0, lambda: describe(engine), LIVENESS)
+            assert describe(engine) == (
+                "1 of 1 thread(s) still blocked on a full buffer with 0 free slots "
+                "(2 of 2 taken; 2048 B buffered + largest item 1024 B vs max_bytes 4096)"
             )
         finally:
             iterator.close()

@@ -1,0 +1,414 @@
+"""``Engine``: one epoch's fetch threads and everything they share.
+
+This is the only module that starts threads. An engine owns its source (a
+:class:`~prefetch._tasks.Tasks`), its threads (one, or N for parallel fetch:
+one thread is simply N = 1), the results they post and the consumer's
+position. The consumer end (:mod:`prefetch._background_iterator`) calls
+:meth:`Engine.take`; everything else happens here.
+
+Invariants (every change here must keep them):
+
+* **One lock.** Every shared field is read and written under ``_lock``, and
+  every wait is a ``Condition`` wait on it that re-checks its condition, so
+  no wake-up is lost and nothing relies on the GIL (free-threaded Python
+  runs this as is). ``_draw_lock`` orders the draws; it is taken before
+  ``_lock``, never while holding it. The lock is re-entrant so that a
+  finalizer calling :meth:`stop` during garbage collection on a thread that
+  holds it cannot deadlock.
+* **Order.** Each draw takes the next sequence number under ``_draw_lock``;
+  results are posted under their number and handed over in number order,
+  whichever thread finishes first. So items arrive in source order and an
+  error arrives as the same object after every item drawn before it.
+* **Tickets bound what is in flight.** A thread takes a ticket before it
+  draws and never while ``in_flight >= depth + threads - 1`` (exactly
+  ``depth`` for one thread); the consumer returns it when it takes the item.
+  With ``max_bytes``, a ticket is also refused while the bytes posted and not
+  taken, plus the largest item seen for each draw not yet posted and for the
+  new one, exceed it, unless nothing is in flight (one item always flows).
+* **Errors.** An ``Exception`` from a draw or a run is posted as ``RAISED``
+  in its place and the epoch goes on (the source decides whether it has
+  more). ``StopIteration`` from a draw (``END``, carrying the state read just
+  after it) and a ``BaseException`` (``ERROR``) are *final*: no thread draws
+  again, the earliest final wins, and it is posted only by the last thread
+  to leave, after the source is released: a DataLoader's workers are gone
+  before its error is seen.
+* **Stop.** :meth:`stop` (from any thread, a finalizer included) makes every
+  thread leave at its next check; one inside the source leaves when the
+  source returns. Nothing a stopped engine fetched is kept. At interpreter
+  exit every live engine is stopped and given :data:`EXIT_GRACE` seconds in
+  all to release its source.
+* **No reference to the consumer.** Threads hold the engine, never the
+  iterator the user holds, so collecting an abandoned iterator runs its
+  finalizer, which stops the engine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import time
+from typing import Any
+
+from prefetch._profiling import profiling, span
+from prefetch._stats import LoaderStats
+from prefetch._structure import tensor_nbytes
+from prefetch._tasks import ProducerSpec, Tasks
+
+ITEM, ERROR, END, RAISED, STOPPED = 0, 1, 2, 3, 4
+"""Message tags (see the module invariants); ``STOPPED``: :meth:`Engine.take` after a stop."""
+POLL_SECONDS = 0.1
+"""How often a blocked side re-checks that the other side is still there."""
+EXIT_GRACE = 1.0
+"""Longest the interpreter's exit waits, in all, for engines to stop."""
+
+Message = tuple[int, Any, Any, int]
+"""``(tag, payload, checkpoint state, tensor bytes)``."""
+
+_thread_ids = itertools.count(1)
+_live: set[Engine] = set()  # engines with a thread that has not left
+
+
+class Engine:
+    """The threads of one epoch and the state they share; see the module invariants.
+
+    Args:
+        tasks: The source.
+        spec: What each thread does besides drawing and running.
+        depth: Items ready ahead of the consumer, at most (with one thread:
+            items in flight); the consumer may change it.
+        threads: Threads to run; the consumer may change it.
+        max_bytes: Most tensor bytes in flight, or ``None`` for no byte limit.
+        stats: The epoch's stats (source time, peaks, per-thread fetch time).
+    """
+
+    def __init__(
+        self,
+        tasks: Tasks,
+        spec: ProducerSpec,
+        *,
+        depth: int,
+        threads: int,
+        max_bytes: int | None,
+        stats: LoaderStats,
+    ) -> None:
+        self._tasks, self._spec, self.stats = tasks, spec, stats
+        self._lock = threading.RLock()
+        self._space = threading.Condition(self._lock)  # threads wait here for a ticket
+        self._data = threading.Condition(self._lock)  # the consumer waits here
+        self._draw_lock = threading.Lock()
+        self.depth, self.target, self.max_bytes = depth, threads, max_bytes
+        self.results: dict[int, Message] = {}
+        self._next_seq = 0  # under _draw_lock
+        self.taken = 0  # the next sequence number the consumer hands over
+        self.in_flight = self.fetching = 0  # tickets held; of them, not posted yet
+        self.buffered_bytes = self.largest_item = self.fetched = 0
+        self.busy_seconds = self.blocked_seconds = self.cpu_seconds = 0.0
+        self.active = self.alive = 0  # threads that go on; threads that have not left
+        self._workers_waiting = 0
+        self._consumer_waiting = False
+        self._releasing = False  # the last thread is releasing the source
+        self.ended = self.source_ended = self.stopped = False
+        self._final: tuple[int, Message] | None = None
+        self.threads: list[threading.Thread] = []
+
+    # -- the consumer's side --------------------------------------------------
+
+    def start(self) -> None:
+        """Start the threads (call once)."""
+        _live.add(self)
+        self.set_threads(self.target)
+
+    def set_threads(self, count: int) -> None:
+        """Run ``count`` threads: start more now, or let extra ones leave after their item."""
+        with self._lock:
+            self.target = count
+            starting = 0 if self.ended or self.stopped else max(count - self.active, 0)
+            self.active += starting
+            self.alive += starting
+            self._space.notify_all()  # a larger bound may free tickets; extras leave
+        for _ in range(starting):
+            thread = threading.Thread(
+                target=self._work, name=f"prefetch-{next(_thread_ids)}", daemon=True
+            )
+            self.threads.append(thread)
+            try:
+                thread.start()
+            except BaseException:  # e.g. Ctrl-C while Thread.start() waits
+                if not thread.is_alive():
+                    with self._lock:
+                        self.active -= 1
+                    self._leave(None, ticket=False)
+                raise
+        peak = self.stats.peak_fetch_threads
+        self.stats.fetch_threads = count
+        self.stats.peak_fetch_threads = count if peak is None else max(peak, count)
+
+    def set_depth(self, depth: int) -> None:
+        """Change the depth and wake threads waiting for a ticket."""
+        with self._lock:
+            self.depth = depth
+            self._space.notify_all()
+
+    def take(self) -> tuple[Message, int, float]:
+        """Return the next message, how many were ready in order, and seconds waited.
+
+        Blocks until the next message is posted. Raises ``RuntimeError`` if
+        every thread left without posting it.
+        """
+        with self._lock:
+            seq = self.taken
+            message = self.results.pop(seq, None)
+            waited, ready = 0.0, 0
+            if message is None:
+                waited = time.perf_counter()
+                if profiling():
+                    with span("prefetch.wait"):
+                        message = self._wait_for(seq)
+                else:
+                    message = self._wait_for(seq)
+                waited = time.perf_counter() - waited
+            else:
+                ready = 1
+                while seq + ready in self.results:
+                    ready += 1
+            if message[0] == ITEM or message[0] == RAISED:
+                self.taken = seq + 1
+                self.in_flight -= 1
+                self.buffered_bytes -= message[3]
+                if self._workers_waiting:
+                    self._space.notify()
+            return message, ready, waited
+
+    def _wait_for(self, seq: int) -> Message:
+        self._consumer_waiting = True
+        try:
+            while True:
+                self._data.wait(POLL_SECONDS)
+                message = self.results.pop(seq, None)
+                if message is not None:
+                    return message
+                if self.stopped:
+                    return (STOPPED, None, None, 0)
+                if self.alive == 0 and not self._releasing:
+                    names = ", ".join(repr(thread.name) for thread in self.threads)
+                    msg = (
+                        f"prefetch thread(s) {names} exited without delivering "
+                        "an item, an error or the end of the data"
+                    )
+                    raise RuntimeError(msg)
+        finally:
+            self._consumer_waiting = False
+
+    def stop(self) -> None:
+        """Ask every thread to leave; safe from any thread, any number of times."""
+        with self._lock:
+            self.stopped = True
+            self.results.clear()
+            self._space.notify_all()
+            self._data.notify_all()
+
+    def join(self, *, timeout: float, stuck_grace: float) -> bool:
+        """Wait for the threads to leave after :meth:`stop`; return whether they all did.
+
+        Gives up after ``timeout`` seconds, or after ``stuck_grace`` seconds
+        while a thread is inside the source (it leaves when the source
+        returns). Never joins the current thread.
+        """
+        current = threading.current_thread()
+        start = time.monotonic()
+        for thread in list(self.threads):
+            if thread is current:
+                return False
+            while thread.is_alive():
+                waited = time.monotonic() - start
+                if waited > timeout or (self.fetching and waited > stuck_grace):
+                    return False
+                thread.join(0.02)
+        return True
+
+    # -- the threads' side ----------------------------------------------------
+
+    def _work(self) -> None:
+        final: tuple[int, Message] | None = None
+        ticket = False  # whether this thread holds a ticket no posted message holds
+        try:
+            slot = self._add_fetch_slot()
+            if self._spec.setup is not None:
+                self._spec.setup()
+            while final is None:
+                ticket = self._take_ticket()
+                if not ticket:
+                    break
+                final = self._fetch_one(slot)  # posted (the message holds the ticket), or final
+                ticket = final is not None
+        except BaseException as error:  # our own failure: handed over, never dropped
+            final = (self._next_seq, (ERROR, error, None, 0))
+        finally:
+            self._leave(final, ticket)
+
+    def _add_fetch_slot(self) -> int:
+        with self._lock:
+            self.stats.fetch_seconds.append(0.0)
+            return len(self.stats.fetch_seconds) - 1
+
+    def _full(self) -> bool:
+        if self.in_flight >= self.depth + self.target - 1:
+            return True
+        limit = self.max_bytes
+        return (
+            limit is not None
+            and self.in_flight > 0
+            and self.buffered_bytes + (self.fetching + 1) * self.largest_item > limit
+        )
+
+    def _take_ticket(self) -> bool:
+        """Wait for room to draw; return ``False`` if this thread is to leave instead."""
+        with self._lock:
+            blocked = 0.0
+            while True:
+                if self.stopped or self.ended:
+                    return False
+                if self.active > self.target:  # fewer threads wanted: this one leaves
+                    self.active -= 1
+                    return False
+                if not self._full():
+                    break
+                if not blocked:
+                    blocked = time.perf_counter()
+                self._workers_waiting += 1
+                try:
+                    self._space.wait(POLL_SECONDS)
+                finally:
+                    self._workers_waiting -= 1
+            if blocked:
+                self.blocked_seconds += time.perf_counter() - blocked
+            self.in_flight += 1
+            self.fetching += 1
+            return True
+
+    def _fetch_one(self, slot: int) -> tuple[int, Message] | None:
+        """Draw one task and run it; return a final message instead of posting it."""
+        started, cpu = time.perf_counter(), time.thread_time()
+        read_state = self._spec.read_state
+        with self._draw_lock:
+            if self.ended or self.stopped:
+                self._give_back()
+                return None
+            seq = self._next_seq
+            self._next_seq = seq + 1
+            try:
+                task = self._draw()
+            except StopIteration:
+                with self._lock:
+                    self.ended = self.source_ended = True
+                return seq, (END, None, read_state() if read_state is not None else None, 0)
+            except Exception as error:  # the source decides whether it goes on
+                self._post(seq, (RAISED, error, None, 0), started, cpu, slot, 0.0)
+                return None
+            except BaseException as error:
+                with self._lock:
+                    self.ended = True
+                return seq, (ERROR, error, None, 0)
+            state = read_state() if read_state is not None else None
+        try:
+            item, collate = self._tasks.run(task)
+            del task
+            if self._spec.prepare is not None:
+                item = self._spec.prepare(item)
+            nbytes = tensor_nbytes(item) if self.max_bytes is not None else 0
+        except Exception as error:  # the draw moved the state on: the error carries it
+            self._post(seq, (RAISED, error, state, 0), started, cpu, slot, 0.0)
+            return None
+        except BaseException as error:
+            with self._lock:
+                self.ended = True
+            return seq, (ERROR, error, None, 0)
+        self._post(seq, (ITEM, item, state, nbytes), started, cpu, slot, collate)
+        return None
+
+    def _draw(self) -> Any:
+        if profiling():
+            with span("prefetch.fetch"):
+                return self._tasks.draw()
+        return self._tasks.draw()
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.fetching -= 1
+
+    def _post(
+        self, seq: int, message: Message, started: float, cpu: float, slot: int, collate: float
+    ) -> None:
+        spent = time.perf_counter() - started
+        cpu_spent = time.thread_time() - cpu
+        with self._lock:
+            self.fetching -= 1
+            stats = self.stats
+            stats.source_seconds += spent
+            stats.collate_seconds += collate
+            stats.fetch_seconds[slot] += spent - collate
+            self.busy_seconds += spent
+            self.cpu_seconds += cpu_spent
+            if self.stopped:  # nobody will take it
+                self.in_flight -= 1
+                return
+            nbytes = message[3]
+            if message[0] == ITEM:
+                self.fetched += 1
+                self.buffered_bytes += nbytes
+                self.largest_item = max(self.largest_item, nbytes)
+            self.results[seq] = message
+            stats.peak_items = max(stats.peak_items, self.in_flight)
+            stats.peak_bytes = max(stats.peak_bytes, self.buffered_bytes)
+            if self._consumer_waiting and seq == self.taken:
+                self._data.notify()
+
+    def _leave(self, final: tuple[int, Message] | None, ticket: bool) -> None:
+        """Leave; the last thread out releases the source, then posts the final message."""
+        with self._lock:
+            if ticket:  # a final message holds no ticket
+                self.in_flight -= 1
+                self.fetching -= 1
+            if final is not None:
+                self.ended = True
+                if self._final is None or final[0] < self._final[0]:
+                    self._final = final
+                self._space.notify_all()
+            self.alive -= 1
+            last = self.alive == 0
+            if last:
+                self._releasing = True
+                final = self._final
+        if not last:
+            return
+        try:
+            self._tasks.release()
+        except BaseException as error:
+            if (final is not None and final[1][0] == ERROR) or self.stopped:
+                raise  # nobody would read it after the source's own error: threading.excepthook
+            final = (final[0] if final is not None else self._next_seq, (ERROR, error, None, 0))
+        finally:
+            with self._lock:
+                if final is not None and not self.stopped:
+                    self.results[final[0]] = final[1]
+                if self.stopped:  # nobody will read them: free the fetched items now
+                    self.results.clear()
+                self._releasing = False
+                self._data.notify_all()
+            _live.discard(self)
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    """Stop every live engine before the interpreter is torn down (bounded; see module)."""
+    engines = list(_live)
+    for engine in engines:
+        engine.stop()
+    deadline = time.monotonic() + EXIT_GRACE
+    for engine in engines:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        engine.join(timeout=remaining, stuck_grace=0.05)

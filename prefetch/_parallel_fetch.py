@@ -1,0 +1,138 @@
+"""Parallel fetch: a map-style DataLoader's batches, read by several threads.
+
+:class:`SamplerTasks` splits a single-process DataLoader's ``next()`` in two.
+The *draw* is the DataLoader's own ``next()`` with its fetcher swapped for
+one that returns the batch's indices instead of reading them: the sampler,
+its random draws, the counters and a ``StatefulDataLoader``'s checkpoint
+state move exactly as in a plain loop, in order, on one thread at a time.
+The *run* reads the samples (``dataset.__getitems__`` where the dataset has
+it, else ``dataset[i]`` for each index) and applies ``collate_fn``, as the
+DataLoader's own fetcher does, on any of the engine's threads. So the
+batches are the DataLoader's, bit for bit, for the same seed, and a
+checkpoint resumes exactly.
+
+:func:`sampler_tasks` refuses, with the reason and what to do, every loader
+this cannot apply to.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data._utils.pin_memory import pin_memory
+
+from prefetch._tasks import release_source
+
+
+class _Indices:
+    """A DataLoader fetcher that returns the indices it is given (the draw's half)."""
+
+    def __init__(self, fetcher: Any) -> None:
+        self._fetcher = fetcher
+
+    def fetch(self, index: Any) -> Any:
+        return index
+
+    def __getattr__(self, name: str) -> Any:  # state_dict() reads the dataset through it
+        return getattr(self._fetcher, name)
+
+
+class SamplerTasks:
+    """Tasks of a map-style DataLoader: draw indices in order, read and collate in parallel.
+
+    Made by :func:`sampler_tasks`.
+    """
+
+    def __init__(self, loader: DataLoader[Any], iterator: Iterator[Any]) -> None:
+        self._iterator = iterator
+        self._dataset = loader.dataset
+        self._collate = loader.collate_fn
+        self._batched = loader.batch_sampler is not None
+        items = getattr(self._dataset, "__getitems__", None)
+        self._getitems = items if self._batched and items else None
+        self._pin = bool(getattr(iterator, "_pin_memory", False))  # False without a GPU
+        self._pin_device = getattr(iterator, "_pin_memory_device", None)
+
+    def draw(self) -> Any:
+        """Return the next batch's indices (the DataLoader's ``next()``, without the reads)."""
+        return next(self._iterator)
+
+    def run(self, task: Any) -> tuple[Any, float]:
+        """Read the samples of ``task`` and collate them; return the batch and collate time."""
+        dataset = self._dataset
+        if self._getitems is not None:
+            data = self._getitems(task)
+        elif self._batched:
+            data = [dataset[index] for index in task]
+        else:
+            data = dataset[task]
+        started = time.perf_counter()
+        batch = self._collate(data)
+        collated = time.perf_counter() - started
+        if self._pin:  # as the DataLoader pins its batches
+            batch = pin_memory(batch, self._pin_device)  # type: ignore[no-untyped-call]
+        return batch, collated
+
+    def release(self) -> None:
+        """Release the DataLoader's iterator (no worker processes: nothing to stop)."""
+        release_source(self._iterator, owned=True)
+
+
+def check_parallel_loader(loader: object, caller: str) -> None:
+    """Raise, saying why and what to do, unless ``loader`` can be fetched in parallel.
+
+    Raises:
+        TypeError: ``loader`` is not a map-style DataLoader.
+        ValueError: the DataLoader has worker processes or a dataset with its own state.
+    """
+    what = f"{caller}(fetch_threads=...)"
+    if not isinstance(loader, DataLoader):
+        msg = (
+            f"{what} reads a DataLoader's dataset, sampler and collate_fn in threads; "
+            f"got {type(loader).__name__}. For any other iterable leave fetch_threads "
+            "unset: one thread overlaps its loading with your loop"
+        )
+        raise TypeError(msg)
+    if isinstance(loader.dataset, IterableDataset):
+        msg = (
+            f"{what} needs a map-style dataset (indices to read in parallel); "
+            f"got the IterableDataset {type(loader.dataset).__name__}, which only its own "
+            "iterator can read, in order. Leave fetch_threads unset, or give it "
+            "num_workers (each worker process reads its own shard)"
+        )
+        raise TypeError(msg)
+    if loader.num_workers > 0:
+        msg = (
+            f"{what} replaces worker processes with threads, but this DataLoader has "
+            f"num_workers={loader.num_workers}. Build it with num_workers=0, or leave "
+            "fetch_threads unset to overlap the workers' batches with one thread"
+        )
+        raise ValueError(msg)
+    if callable(getattr(loader.dataset, "state_dict", None)):
+        msg = (
+            f"{what} cannot read a dataset with its own state "
+            f"({type(loader.dataset).__name__}.state_dict) from several threads: the "
+            "state would not match the batches. Leave fetch_threads unset"
+        )
+        raise ValueError(msg)
+
+
+def sampler_tasks(loader: DataLoader[Any], iterator: Iterator[Any], caller: str) -> SamplerTasks:
+    """Return the parallel-fetch tasks of ``loader`` (checked), whose ``iter()`` gave ``iterator``.
+
+    Raises:
+        TypeError: the iterator is not torch's single-process DataLoader iterator.
+    """
+    what = f"{caller}(fetch_threads=...)"
+    fetcher = getattr(iterator, "_dataset_fetcher", None)
+    if fetcher is None or not callable(getattr(fetcher, "fetch", None)):
+        msg = (
+            f"{what} needs torch's single-process DataLoader iterator; "
+            f"iter({type(loader).__name__}) gave {type(iterator).__name__}"
+        )
+        raise TypeError(msg)
+    iterator._dataset_fetcher = _Indices(fetcher)  # type: ignore[attr-defined]
+    return SamplerTasks(loader, iterator)

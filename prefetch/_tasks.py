@@ -1,0 +1,104 @@
+"""What the engine's threads do with a source: draw in order, run in parallel.
+
+An :class:`~prefetch._engine.Engine` asks its source for work in two steps.
+:meth:`Tasks.draw` is called by one thread at a time, in order, so the
+source's position (its iterator, its sampler, its checkpoint state) moves
+exactly as in a plain loop. :meth:`Tasks.run` is called outside that order,
+by as many threads as the engine has, and does the slow part.
+
+* :class:`IteratorTasks`: any iterator. ``draw`` is ``next(source)`` (all the
+  work); ``run`` has nothing left to do. One thread: an iterator cannot be
+  read in parallel.
+* :class:`~prefetch._parallel_fetch.SamplerTasks`: a map-style DataLoader.
+  ``draw`` takes the next batch of indices from the DataLoader's own
+  iterator; ``run`` reads the samples and collates them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, Protocol
+
+
+class Tasks(Protocol):
+    """The source of an engine: ordered draws, parallel runs (see the module)."""
+
+    def draw(self) -> Any:
+        """Return the next task; raise ``StopIteration`` at the end (one caller at a time)."""
+
+    def run(self, task: Any) -> tuple[Any, float]:
+        """Do ``task`` (any thread); return the item and the seconds spent collating."""
+
+    def release(self) -> None:
+        """Shut down what the source holds, once no thread uses it any more."""
+
+
+class ProducerSpec(NamedTuple):
+    """What the engine's threads do besides drawing and running.
+
+    Attributes:
+        owned: Whether the source iterator was created by us (see :func:`release_source`).
+        prepare: Applied to each item in the thread (pinning), or ``None``.
+        read_state: Called right after each draw (and after the end), in draw
+            order, to capture the source's checkpoint state, or ``None``.
+        setup: Called first in each thread (device selection, thread count).
+    """
+
+    owned: bool
+    prepare: Callable[[Any], Any] | None = None
+    read_state: Callable[[], Any] | None = None
+    setup: Callable[[], None] | None = None
+
+
+def release_source(source: Iterator[Any], owned: bool) -> None:
+    """Shut down what the source iterator holds, as dropping it would.
+
+    A multi-process DataLoader iterator stops its workers (unless they are
+    persistent: the DataLoader reuses them next epoch). A generator we
+    created with ``iter()`` is closed so its ``finally`` blocks run now; one
+    the user passed in (``owned`` false) is left alone.
+    """
+    shutdown = getattr(source, "_shutdown_workers", None)
+    if callable(shutdown):
+        if not getattr(source, "_persistent_workers", False):
+            shutdown()
+        return
+    close = getattr(source, "close", None)
+    if owned and callable(close):
+        close()
+
+
+class IteratorTasks:
+    """Tasks of a plain iterator: ``draw`` is ``next(source)``; ``run`` returns it.
+
+    Example:
+        >>> tasks = IteratorTasks(iter("ab"), owned=True)
+        >>> tasks.run(tasks.draw())
+        ('a', 0.0)
+    """
+
+    __slots__ = ("owned", "source")
+
+    def __init__(self, source: Iterator[Any], owned: bool) -> None:
+        self.source = source
+        self.owned = owned
+
+    def draw(self) -> Any:
+        """Return the source's next item."""
+        return next(self.source)
+
+    def run(self, task: Any) -> tuple[Any, float]:
+        """Return ``task``: the item was made by :meth:`draw`."""
+        return task, 0.0
+
+    def release(self) -> None:
+        """Release the source iterator (see :func:`release_source`)."""
+        release_source(self.source, self.owned)
+
+
+def timed_run(tasks: Tasks, task: Any) -> tuple[Any, float, float]:
+    """Run ``task``; return the item, wall seconds and collate seconds."""
+    started = time.perf_counter()
+    item, collate = tasks.run(task)
+    return item, time.perf_counter() - started, collate
