@@ -52,7 +52,11 @@ class _Judge:
             self.targets.append(Target(name, False, why))
             return
         value = median_ratio(self.samples, variant.name, base.name, key)
-        self.targets.append(Target(name, low <= value <= high, f"{value:.2f}x"))
+        detail = f"{value:.2f}x"
+        if key == "peak_pss_mib" and all("growth_mib" in run for run in self.samples[base.name]):
+            growth = median_ratio(self.samples, variant.name, base.name, "growth_mib")
+            detail += f" (growth over the process's start: {growth:.2f}x)"
+        self.targets.append(Target(name, low <= value <= high, detail))
 
     def best_fixed(self, setting: str, levels: tuple[int | str, ...]) -> None:
         """Add the target: auto >= 0.9x the best fixed thread count, per repeat."""
