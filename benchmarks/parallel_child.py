@@ -67,8 +67,8 @@ def _sampler(dataset: Dataset[Any], spec: dict[str, Any]) -> Iterable[int]:
 def _threads(loader: DataLoader[Any], concurrency: int | str) -> Iterable[Any]:
     from prefetch import BackgroundLoader
 
-    factory: Any = BackgroundLoader
-    return factory(loader, fetch_threads=concurrency)  # type: ignore[no-any-return]  # fetch_threads is new
+    factory: Any = BackgroundLoader  # untyped: concurrency comes from JSON (an int or "auto")
+    return factory(loader, fetch_threads=concurrency)  # type: ignore[no-any-return]
 
 
 def build(spec: dict[str, Any], dataset: Dataset[Any]) -> tuple[Iterable[Any], Callable[[], None]]:
