@@ -15,7 +15,7 @@ from prefetch._normalize import Normalize
 from prefetch._stateful import NotStatefulError, Stateful
 from prefetch._stats import DepthEvent, LoaderStats, ThreadEvent
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "BackgroundIterator",

@@ -8,14 +8,14 @@ iterator is collected.
 
 Invariants:
 
-* Only the latest epoch reports to the depth policy; an older one still
-  open keeps the depth it had.
+* Only the latest epoch reports to the depth and thread policies; an older
+  one still open keeps the depth and threads it had.
 * An ``Exception`` the source raised (``RAISED``) is re-raised and the epoch
   goes on: the next ``next()`` returns what the source gave after it. A final
-  error (``ERROR``) or the end stops the thread first.
+  error (``ERROR``) or the end stops the engine first.
 * The frame that re-raises an error does not hold the iterator (``self`` is
   deleted before the error leaves), so an error kept alive by its caller
-  does not keep the iterator, its thread or its source's workers alive.
+  does not keep the iterator, its threads or its source's workers alive.
 * An iterator another epoch had to stop (``_invalidate``)
   raises ``RuntimeError`` saying why on its next ``next()``, then
   ``StopIteration``: it never ends silently.
@@ -37,7 +37,7 @@ from prefetch._thread_policy import FixedThreads, ThreadControl
 T = TypeVar("T")
 
 CLOSE_TIMEOUT = 10.0
-"""Longest ``close()`` waits for the thread (shutting down DataLoader workers)."""
+"""Longest ``close()`` waits for the threads (shutting down DataLoader workers)."""
 STUCK_GRACE = 0.2
 """How long ``close()`` waits for a thread that is blocked inside the source."""
 REPORT_EVERY = 16
@@ -45,10 +45,10 @@ REPORT_EVERY = 16
 
 
 class BackgroundIterator(Iterator[T]):
-    """One epoch of a :class:`BackgroundLoader`: the consumer end of the thread.
+    """One epoch of a :class:`BackgroundLoader`: the consumer end of its threads.
 
     Created by ``iter(background_loader)``; you rarely name it. It stops its
-    thread at the end of the data, on a ``BaseException`` from the source
+    threads at the end of the data, on a ``BaseException`` from the source
     (an ``Exception`` is re-raised and the epoch goes on), on :meth:`close`,
     at the end of a ``with`` block and when garbage-collected.
 
@@ -84,6 +84,7 @@ class BackgroundIterator(Iterator[T]):
             threads=threads.threads,
             max_bytes=max_bytes,
             stats=epoch.stats,
+            measure_cpu=threads.adaptive,
         )
         self._epoch = epoch
         self._control = control

@@ -80,6 +80,8 @@ class Engine:
         threads: Threads to run; the consumer may change it.
         max_bytes: Most tensor bytes in flight, or ``None`` for no byte limit.
         stats: The epoch's stats (source time, peaks, per-thread fetch time).
+        measure_cpu: Sum the threads' CPU time in :attr:`cpu_seconds` (for a
+            thread policy; it costs a system call per item).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class Engine:
         threads: int,
         max_bytes: int | None,
         stats: LoaderStats,
+        measure_cpu: bool = False,
     ) -> None:
         self._tasks, self._spec, self.stats = tasks, spec, stats
         self._lock = threading.RLock()
@@ -101,6 +104,7 @@ class Engine:
         self.results: dict[int, Message] = {}
         self._next_seq = 0  # under _draw_lock
         self.taken = 0  # the next sequence number the consumer hands over
+        self._run = 0  # results[taken], results[taken + 1], ... posted: how many in a row
         self.in_flight = self.fetching = 0  # tickets held; of them, not posted yet
         self.buffered_bytes = self.largest_item = self.fetched = 0
         self.busy_seconds = self.blocked_seconds = self.cpu_seconds = 0.0
@@ -111,6 +115,8 @@ class Engine:
         self.ended = self.source_ended = self.stopped = False
         self._final: tuple[int, Message] | None = None
         self.threads: list[threading.Thread] = []
+        self._clock = time.thread_time if measure_cpu else _no_clock
+        self._runs = tasks.runs  # False: the draw made the item (an iterator)
 
     # -- the consumer's side --------------------------------------------------
 
@@ -140,9 +146,10 @@ class Engine:
                         self.active -= 1
                     self._leave(None, ticket=False)
                 raise
-        peak = self.stats.peak_fetch_threads
-        self.stats.fetch_threads = count
-        self.stats.peak_fetch_threads = count if peak is None else max(peak, count)
+        if self._runs:  # parallel fetch: the stats show the threads
+            peak = self.stats.peak_fetch_threads
+            self.stats.fetch_threads = count
+            self.stats.peak_fetch_threads = count if peak is None else max(peak, count)
 
     def set_depth(self, depth: int) -> None:
         """Change the depth and wake threads waiting for a ticket."""
@@ -169,16 +176,21 @@ class Engine:
                     message = self._wait_for(seq)
                 waited = time.perf_counter() - waited
             else:
-                ready = 1
-                while seq + ready in self.results:
-                    ready += 1
+                ready = self._run
             if message[0] == ITEM or message[0] == RAISED:
                 self.taken = seq + 1
+                self._run = self._run - 1 if self._run else self._count_run(seq + 1)
                 self.in_flight -= 1
                 self.buffered_bytes -= message[3]
                 if self._workers_waiting:
                     self._space.notify()
             return message, ready, waited
+
+    def _count_run(self, seq: int) -> int:
+        run = 0
+        while seq + run in self.results:
+            run += 1
+        return run
 
     def _wait_for(self, seq: int) -> Message:
         self._consumer_waiting = True
@@ -205,6 +217,7 @@ class Engine:
         with self._lock:
             self.stopped = True
             self.results.clear()
+            self._run = 0
             self._space.notify_all()
             self._data.notify_all()
 
@@ -237,17 +250,21 @@ class Engine:
             if self._spec.setup is not None:
                 self._spec.setup()
             while final is None:
-                ticket = self._take_ticket()
                 if not ticket:
-                    break
-                final = self._fetch_one(slot)  # posted (the message holds the ticket), or final
-                ticket = final is not None
+                    ticket = self._take_ticket()
+                    if not ticket:
+                        break
+                # Posted (the message holds the ticket; the next one may be taken at
+                # once), given back, or a final message (whose ticket this thread holds).
+                final, ticket = self._fetch_one(slot)
         except BaseException as error:  # our own failure: handed over, never dropped
             final = (self._next_seq, (ERROR, error, None, 0))
         finally:
             self._leave(final, ticket)
 
     def _add_fetch_slot(self) -> int:
+        if not self._runs:  # one thread over an iterator: source_seconds says it all
+            return -1
         with self._lock:
             self.stats.fetch_seconds.append(0.0)
             return len(self.stats.fetch_seconds) - 1
@@ -287,51 +304,52 @@ class Engine:
             self.fetching += 1
             return True
 
-    def _fetch_one(self, slot: int) -> tuple[int, Message] | None:
-        """Draw one task and run it; return a final message instead of posting it."""
-        started, cpu = time.perf_counter(), time.thread_time()
-        read_state = self._spec.read_state
+    def _fetch_one(self, slot: int) -> tuple[tuple[int, Message] | None, bool]:
+        """Draw one task and run it (holding a ticket).
+
+        Returns a final message instead of posting it, and whether this thread
+        now holds a ticket (the final's, or the next item's).
+        """
+        started, cpu = time.perf_counter(), self._clock()
+        spec = self._spec
         with self._draw_lock:
             if self.ended or self.stopped:
                 self._give_back()
-                return None
+                return None, False
             seq = self._next_seq
             self._next_seq = seq + 1
             try:
-                task = self._draw()
+                if profiling():
+                    with span("prefetch.fetch"):
+                        task = self._tasks.draw()
+                else:
+                    task = self._tasks.draw()
             except StopIteration:
                 with self._lock:
                     self.ended = self.source_ended = True
-                return seq, (END, None, read_state() if read_state is not None else None, 0)
+                state = spec.read_state() if spec.read_state is not None else None
+                return (seq, (END, None, state, 0)), True
             except Exception as error:  # the source decides whether it goes on
-                self._post(seq, (RAISED, error, None, 0), started, cpu, slot, 0.0)
-                return None
+                return None, self._post(seq, (RAISED, error, None, 0), started, cpu, slot, 0.0)
             except BaseException as error:
-                with self._lock:
-                    self.ended = True
-                return seq, (ERROR, error, None, 0)
-            state = read_state() if read_state is not None else None
+                return self._final_error(seq, error), True
+            state = spec.read_state() if spec.read_state is not None else None
         try:
-            item, collate = self._tasks.run(task)
+            item, collate = self._tasks.run(task) if self._runs else (task, 0.0)
             del task
-            if self._spec.prepare is not None:
-                item = self._spec.prepare(item)
+            if spec.prepare is not None:
+                item = spec.prepare(item)
             nbytes = tensor_nbytes(item) if self.max_bytes is not None else 0
         except Exception as error:  # the draw moved the state on: the error carries it
-            self._post(seq, (RAISED, error, state, 0), started, cpu, slot, 0.0)
-            return None
+            return None, self._post(seq, (RAISED, error, state, 0), started, cpu, slot, 0.0)
         except BaseException as error:
-            with self._lock:
-                self.ended = True
-            return seq, (ERROR, error, None, 0)
-        self._post(seq, (ITEM, item, state, nbytes), started, cpu, slot, collate)
-        return None
+            return self._final_error(seq, error), True
+        return None, self._post(seq, (ITEM, item, state, nbytes), started, cpu, slot, collate)
 
-    def _draw(self) -> Any:
-        if profiling():
-            with span("prefetch.fetch"):
-                return self._tasks.draw()
-        return self._tasks.draw()
+    def _final_error(self, seq: int, error: BaseException) -> tuple[int, Message]:
+        with self._lock:
+            self.ended = True
+        return seq, (ERROR, error, None, 0)
 
     def _give_back(self) -> None:
         with self._lock:
@@ -340,30 +358,46 @@ class Engine:
 
     def _post(
         self, seq: int, message: Message, started: float, cpu: float, slot: int, collate: float
-    ) -> None:
+    ) -> bool:
+        """Post ``message`` at ``seq``; take the next ticket if one is free (return whether)."""
         spent = time.perf_counter() - started
-        cpu_spent = time.thread_time() - cpu
+        cpu = self._clock() - cpu
         with self._lock:
             self.fetching -= 1
             stats = self.stats
             stats.source_seconds += spent
-            stats.collate_seconds += collate
-            stats.fetch_seconds[slot] += spent - collate
+            if collate:
+                stats.collate_seconds += collate
+            if slot >= 0:
+                stats.fetch_seconds[slot] += spent - collate
             self.busy_seconds += spent
-            self.cpu_seconds += cpu_spent
+            self.cpu_seconds += cpu
             if self.stopped:  # nobody will take it
                 self.in_flight -= 1
-                return
-            nbytes = message[3]
+                return False
             if message[0] == ITEM:
                 self.fetched += 1
-                self.buffered_bytes += nbytes
-                self.largest_item = max(self.largest_item, nbytes)
+                nbytes = message[3]
+                if nbytes:
+                    self.buffered_bytes += nbytes
+                    if nbytes > self.largest_item:
+                        self.largest_item = nbytes
+                    if self.buffered_bytes > stats.peak_bytes:
+                        stats.peak_bytes = self.buffered_bytes
             self.results[seq] = message
-            stats.peak_items = max(stats.peak_items, self.in_flight)
-            stats.peak_bytes = max(stats.peak_bytes, self.buffered_bytes)
+            if seq == self.taken + self._run:
+                self._run += 1
+                if self.fetching:  # later ones may be waiting for this one
+                    self._run += self._count_run(seq + 1)
+            if self.in_flight > stats.peak_items:
+                stats.peak_items = self.in_flight
             if self._consumer_waiting and seq == self.taken:
                 self._data.notify()
+            if self.ended or self.active > self.target or self._full():
+                return False  # _take_ticket waits, or lets this thread leave
+            self.in_flight += 1
+            self.fetching += 1
+            return True
 
     def _leave(self, final: tuple[int, Message] | None, ticket: bool) -> None:
         """Leave; the last thread out releases the source, then posts the final message."""
@@ -398,6 +432,10 @@ class Engine:
                 self._releasing = False
                 self._data.notify_all()
             _live.discard(self)
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 @atexit.register

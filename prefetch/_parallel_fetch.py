@@ -17,6 +17,7 @@ this cannot apply to.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +46,8 @@ class SamplerTasks:
 
     Made by :func:`sampler_tasks`.
     """
+
+    runs = True
 
     def __init__(self, loader: DataLoader[Any], iterator: Iterator[Any]) -> None:
         self._iterator = iterator
@@ -111,6 +114,16 @@ def check_parallel_loader(loader: object, caller: str) -> None:
             "fetch_threads unset to overlap the workers' batches with one thread"
         )
         raise ValueError(msg)
+    own = _own_iteration(type(loader))
+    if own is not None:
+        msg = (
+            f"{what} reads a DataLoader's batches without its own next(), but "
+            f"{type(loader).__name__} defines its own {own} (accelerate's prepared loaders "
+            "do: device placement, synchronised random states), which parallel fetch "
+            "would skip. Pass a DataLoader or StatefulDataLoader, or leave fetch_threads "
+            "unset over this one"
+        )
+        raise TypeError(msg)
     if callable(getattr(loader.dataset, "state_dict", None)):
         msg = (
             f"{what} cannot read a dataset with its own state "
@@ -118,6 +131,19 @@ def check_parallel_loader(loader: object, caller: str) -> None:
             "state would not match the batches. Leave fetch_threads unset"
         )
         raise ValueError(msg)
+
+
+def _own_iteration(kind: type) -> str | None:
+    """Name the iteration method ``kind`` overrides, or ``None`` if it iterates as torch's."""
+    bases: list[type] = [DataLoader]
+    with contextlib.suppress(ImportError):
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        bases.append(StatefulDataLoader)
+    for name in ("__iter__", "_get_iterator"):
+        if not any(getattr(kind, name) is getattr(base, name) for base in bases):
+            return f"{name}()"
+    return None
 
 
 def sampler_tasks(loader: DataLoader[Any], iterator: Iterator[Any], caller: str) -> SamplerTasks:

@@ -121,7 +121,35 @@ class LoaderStats:
         )
         if self.depth is not None:
             text += f"; depth {self.depth} (peak {self.peak_depth})"
+        stages = self.stage_summary()
+        if stages:
+            text += f"; {stages}"
         return text
+
+    def stage_summary(self) -> str:
+        """Say how busy parallel fetch's threads were, reading and collating ('' without it).
+
+        The shares are of the threads' time (elapsed seconds times threads
+        started): threads busy most of the epoch while the loop still waits
+        means loading is the limit, and which of the two stages dominates.
+
+        Example:
+            >>> stats = LoaderStats(items=8, wait_seconds=1.0, started=0.0, finished=2.0,
+            ...                     fetch_threads=2, fetch_seconds=[1.5, 1.5],
+            ...                     collate_seconds=0.5)
+            >>> stats.stage_summary()
+            '2 fetch threads busy 88% of the time (reading 75%, collate_fn 12%)'
+        """
+        threads = len(self.fetch_seconds)
+        available = self.elapsed_seconds * threads
+        if self.fetch_threads is None or not threads or available <= 0:
+            return ""
+        reading = sum(self.fetch_seconds) / available
+        collate = self.collate_seconds / available
+        return (
+            f"{self.fetch_threads} fetch thread{'' if self.fetch_threads == 1 else 's'} busy "
+            f"{reading + collate:.0%} of the time (reading {reading:.0%}, collate_fn {collate:.0%})"
+        )
 
 
 class EpochRecord:

@@ -24,6 +24,9 @@ from typing import Any, NamedTuple, Protocol
 class Tasks(Protocol):
     """The source of an engine: ordered draws, parallel runs (see the module)."""
 
+    runs: bool
+    """Whether :meth:`run` does anything (``False``: the draw made the item)."""
+
     def draw(self) -> Any:
         """Return the next task; raise ``StopIteration`` at the end (one caller at a time)."""
 
@@ -79,6 +82,7 @@ class IteratorTasks:
     """
 
     __slots__ = ("owned", "source")
+    runs = False
 
     def __init__(self, source: Iterator[Any], owned: bool) -> None:
         self.source = source

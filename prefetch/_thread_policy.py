@@ -1,16 +1,97 @@
-"""How many threads fetch in parallel: fixed, or ``"auto"`` (placeholder until merged)."""
+"""How a ``BackgroundLoader`` with parallel fetch sets its thread count: ``"auto"`` or fixed.
+
+Both have one interface (:class:`ThreadControl`), so the engine treats a
+fixed count as a policy that never changes its mind.
+
+The policy runs on the consumer's thread, which reports after hand-offs
+(every one, or fewer) figures cumulative over the epoch (see
+:meth:`ThreadPolicy.observe`). It never sleeps and never touches a thread,
+so scripted traces on an injected clock test it deterministically.
+
+It measures in *windows*. After the start of an epoch it lets ``threads``
+batches pass, after a change ``max(old, new)`` (the first batch always
+waits; new threads need one fetch before they deliver); a window then spans
+:data:`WINDOW_ROUNDS` batches per thread (at least :data:`MIN_WINDOW_ITEMS`
+and :data:`MIN_WINDOW_SECONDS`): batches arrive in sampler order, in rounds
+of about one per thread, and whole rounds keep a round's phase out of the
+rate. A window an epoch leaves unfinished goes on in the next epoch, so
+short epochs still decide. Per window: the *throughput* (batches per
+second), the *wait share* (of the window, the loop waiting) and the *CPU
+share* (CPU seconds per busy second of the threads).
+
+The rules (the guide explains them with a trace):
+
+* **Grow only while the loop waits.** A window whose wait share is below
+  :data:`MIN_WAIT_SHARE` changes nothing: the loader is already ahead, and
+  more threads would only hold more batches.
+* **Grow fast.** A loop that waited a share ``w`` of the time would take
+  batches ``1 / (1 - w)`` times as fast; the count grows to that many times
+  the threads, with :data:`HEADROOM` (scaling is rarely linear near the
+  knee), by at least one thread and at most :data:`MAX_GROWTH` times.
+* **Keep a growth only if it paid.** The window after a growth must show at
+  least :data:`MIN_GAIN` more throughput than the window before it (or half
+  of what the loop's waiting allowed, if that is less). If not, the count
+  goes back to the previous one and *holds* there. It probes again only
+  when conditions change: the loop waits clearly more (:data:`REPROBE_RISE`
+  more of the time) than in any window at the held count so far, the one
+  before the failed probe included, and not before ``2 ** failures``
+  windows at the held count have passed (``failures``: probes that did not
+  pay, ever). Noise in the wait share raises the bar instead of triggering
+  probes, and the back-off bounds the probes of even a noisy loader by the
+  logarithm of its windows: no oscillation. (A drop in throughput alone
+  does not re-probe: windows of a few rounds are too noisy to tell a slower
+  source from a slow stretch.)
+* **Ceilings.** Never above ``maximum``, nor above the CPU ceiling
+  ``cores / CPU share`` (about the core count when fetching is CPU-bound,
+  more when the threads mostly wait on I/O), nor above ``max_bytes //
+  largest batch`` (each thread holds a batch in flight). A count above the
+  byte bound (a larger batch came) is cut at once.
+
+Threads contending for the GIL or the cores are not on the CPU while they
+wait, so they look I/O-bound and the CPU ceiling lets them grow; the
+throughput check is what stops them, at the cost of one probe.
+
+Every change is a :class:`~prefetch.ThreadEvent` with its reason and the
+figures behind it. A window in which the loop waited but the count stayed (a
+ceiling, or a failed probe) is recorded once per epoch and kind as a
+*hold* (``old == new``). What the policy learned (the count, a hold, a
+probe awaiting its verdict) carries over to the next epoch of the same
+loader.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 from typing import Protocol
 
-from prefetch._stats import LoaderStats
+from prefetch._stats import LoaderStats, ThreadEvent
 
+START_THREADS = 2
+"""Threads of a new adaptive loader: parallel from the start, cheap if the loader is ahead."""
 DEFAULT_MAX_THREADS = 32
+"""Default ceiling: past this, storage that needs more concurrency wants another design."""
+MIN_WAIT_SHARE = 0.1
+"""Share of a window the loop must wait before the count grows."""
+MIN_GAIN = 0.1
+"""Throughput rise a growth must bring (at most; see :func:`needed_gain`)."""
+HEADROOM = 1.5
+"""Threads beyond the linear estimate of what the loop needs, as a factor."""
+MAX_GROWTH = 4
+"""Most a count grows by in one step, as a factor."""
+REPROBE_RISE = 0.1
+"""Rise in wait share (absolute) that makes a held count probe again."""
+WINDOW_ROUNDS = 2
+"""Batches per thread in a window."""
+MIN_WINDOW_ITEMS = 8
+"""Fewest batches in a window."""
+MIN_WINDOW_SECONDS = 0.05
+"""Shortest window: switch intervals and timer noise are milliseconds."""
 
 
 class ThreadControl(Protocol):
-    """What the consumer of one loader asks of its thread count."""
+    """What the engine of one loader asks of its fetch thread count (see the module)."""
 
     threads: int
     maximum: int
@@ -32,31 +113,363 @@ class ThreadControl(Protocol):
         cpu_seconds: float,
         largest_item: int,
     ) -> int | None:
-        """Take the epoch's totals into account; return the new count if it changed."""
+        """Take hand-offs into account; return the new count if it changed."""
 
 
 class FixedThreads:
-    """A thread count that never changes, behind :class:`ThreadControl`."""
+    """A thread count that never changes, behind :class:`ThreadControl`.
+
+    Args:
+        threads: The count, an int >= 1.
+
+    Example:
+        >>> control = FixedThreads(4)
+        >>> stats = LoaderStats()
+        >>> control.start_epoch(stats)
+        >>> stats.fetch_threads, control.maximum, control.adaptive, control.drives(stats)
+        (4, 4, False, False)
+        >>> control.observe(now=1.0, items=8, waited=0.5, busy_seconds=4.0,
+        ...                 cpu_seconds=0.1, largest_item=0) is None
+        True
+    """
 
     adaptive = False
 
     def __init__(self, threads: int) -> None:
-        self.threads = self.maximum = threads
+        self.threads = self.maximum = _count(threads, "threads", "FixedThreads")
 
     def start_epoch(self, stats: LoaderStats) -> None:
-        """Nothing to record for a fixed count."""
+        """Record the count in the epoch's stats."""
+        stats.fetch_threads = stats.peak_fetch_threads = self.threads
 
     def drives(self, stats: LoaderStats) -> bool:
-        """Never: a fixed count is not adapted."""
+        """Never: a fixed count is not adapted (the consumer does not report to it)."""
         return False
 
     def observe(self, **report: float) -> int | None:
-        """Ignore the report: the count stays."""
+        """Ignore the report (the :class:`ThreadControl` keywords): the count stays."""
         return None
 
 
-class ThreadPolicy(FixedThreads):
-    """Placeholder for the adaptive policy (being written): a fixed count."""
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return max(1, len(affinity(0)))
+    return os.cpu_count() or 1
 
-    def __init__(self, *, max_bytes: int | None = None) -> None:
-        super().__init__(2)
+
+def needed_gain(wait_share: float) -> float:
+    """Throughput rise a growth from a window with this wait share must bring.
+
+    :data:`MIN_GAIN`, or half the most the loop allowed if that is less: a
+    loop that waited a share ``w`` can take batches at most ``1 / (1 - w)``
+    times as fast.
+
+    Example:
+        >>> needed_gain(0.5), round(needed_gain(0.1), 4)
+        (0.1, 0.0556)
+    """
+    if wait_share >= 1.0:
+        return MIN_GAIN
+    return min(MIN_GAIN, wait_share / (1.0 - wait_share) / 2)
+
+
+@dataclasses.dataclass(slots=True)
+class Window:
+    """Sums over a window: seconds, batches, the loop's wait, the threads' busy and CPU time.
+
+    A report's cumulative figures are kept as a window from the clock's origin.
+    """
+
+    seconds: float
+    items: int
+    waited: float
+    busy: float
+    cpu: float
+
+    def to(self, point: Window, carry: Window) -> Window:
+        """The sums from this report to a later one, plus ``carry``."""
+        return Window(
+            point.seconds - self.seconds + carry.seconds,
+            point.items - self.items + carry.items,
+            point.waited - self.waited + carry.waited,
+            point.busy - self.busy + carry.busy,
+            point.cpu - self.cpu + carry.cpu,
+        )
+
+    @property
+    def throughput(self) -> float:
+        """Batches handed over per second."""
+        return self.items / self.seconds
+
+    @property
+    def wait_share(self) -> float:
+        """Share of the window the loop waited for data."""
+        return min(1.0, max(0.0, self.waited / self.seconds))
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU seconds per busy second of the threads (0 when unknown)."""
+        return self.cpu / self.busy if self.busy > 0 and self.cpu > 0 else 0.0
+
+
+_NOTHING = Window(0.0, 0, 0.0, 0.0, 0.0)
+
+
+@dataclasses.dataclass
+class _Hold:
+    threads: int  # the count held
+    tried: int  # the count that did not pay
+    before: Window  # the window at the held count before the failed probe
+    most: float  # the highest wait share seen at the held count since (the bar)
+    windows: int = 0  # windows at the held count since
+
+
+class ThreadPolicy:
+    """Chooses the fetch thread count of one loader from what the hand-offs report.
+
+    Args:
+        maximum: Most threads ever (default :data:`DEFAULT_MAX_THREADS`).
+        cores: Cores the threads may use (default: this process's CPU affinity).
+        max_bytes: Most bytes of batches in flight, or ``None`` for no byte bound.
+        start: First count, capped by ``maximum`` (default :data:`START_THREADS`).
+
+    Example:
+        >>> policy = ThreadPolicy(cores=2)
+        >>> stats = LoaderStats(started=0.0)
+        >>> policy.start_epoch(stats)
+        >>> policy.threads
+        2
+        >>> # A batch every 0.5 s, the loop waiting 0.375 s of it; each batch
+        >>> # took a thread 1 s, 0.125 s of it on the CPU (mostly I/O).
+        >>> for i in range(1, 10):
+        ...     _ = policy.observe(now=0.5 * i, items=i, waited=0.375 * i,
+        ...                        busy_seconds=1.0 * i, cpu_seconds=0.125 * i,
+        ...                        largest_item=0)
+        >>> policy.observe(now=5.0, items=10, waited=3.75, busy_seconds=10.0,
+        ...                cpu_seconds=1.25, largest_item=0)
+        8
+        >>> print(stats.thread_events[-1].reason)  # doctest: +NORMALIZE_WHITESPACE
+        grow: the loop waited 75% of the time at 2 threads (2 batches/s); within
+        the CPU ceiling of 16 threads (2 cores, 12% of the threads' busy time on CPU)
+    """
+
+    adaptive = True
+
+    def __init__(
+        self,
+        *,
+        maximum: int | None = None,
+        cores: int | None = None,
+        max_bytes: int | None = None,
+        start: int | None = None,
+    ) -> None:
+        owner = "ThreadPolicy"
+        self.maximum = _count(DEFAULT_MAX_THREADS if maximum is None else maximum, "maximum", owner)
+        self.cores = available_cores() if cores is None else _count(cores, "cores", owner)
+        self.max_bytes = None if max_bytes is None else _count(max_bytes, "max_bytes", owner)
+        first = START_THREADS if start is None else _count(start, "start", owner)
+        self.threads = min(first, self.maximum)
+        self._stats = LoaderStats()
+        self._now = 0.0
+        self._items = 0
+        self._reason = ""
+        self._probe: tuple[int, Window] | None = None  # (count before a growth, its window)
+        self._hold: _Hold | None = None
+        self._failures = 0  # probes that did not pay, ever: the back-off
+        self._carry = _NOTHING  # a partial window from the previous epoch
+        self._start_epoch_marks()
+
+    def _start_epoch_marks(self) -> None:
+        self._mark: Window | None = None  # the report the window began at (None: settling)
+        self._last: Window | None = None
+        self._settle_until = self.threads  # the first batch always waits; rounds fill
+        self._held: set[str] = set()
+
+    def drives(self, stats: LoaderStats) -> bool:
+        """Whether ``stats`` belong to the epoch this policy adapts (the latest one)."""
+        return self._stats is stats
+
+    def start_epoch(self, stats: LoaderStats) -> None:
+        """Begin an epoch whose stats receive the count and its changes.
+
+        A window the last epoch left unfinished carries over: after this
+        epoch's first batches settle, it goes on where it stopped, so epochs
+        shorter than a window still decide.
+        """
+        if self._mark is not None and self._last is not None:
+            self._carry = self._mark.to(self._last, self._carry)
+        self._stats = stats
+        stats.fetch_threads = stats.peak_fetch_threads = self.threads
+        self._start_epoch_marks()
+
+    def observe(
+        self,
+        *,
+        now: float,
+        items: int,
+        waited: float,
+        busy_seconds: float,
+        cpu_seconds: float,
+        largest_item: int,
+    ) -> int | None:
+        """Take hand-offs into account; return the new count if it changed.
+
+        All figures are cumulative over the current epoch.
+
+        Args:
+            now: The clock (``time.perf_counter``) at the last hand-off.
+            items: Batches handed to the loop so far.
+            waited: Seconds the loop spent waiting for data so far.
+            busy_seconds: Wall seconds the fetch threads spent fetching and
+                collating, summed over threads.
+            cpu_seconds: CPU seconds those threads used for it (summed
+                ``time.thread_time`` deltas).
+            largest_item: Bytes of the largest batch so far (0 if unknown).
+        """
+        self._now, self._items = now, items
+        by_bytes = self._byte_bound(largest_item)
+        if by_bytes is not None and self.threads > by_bytes:
+            self._reason = f"cut: {self._bytes_text(by_bytes, largest_item)}"
+            self._probe = self._hold = None
+            return self._change(by_bytes)
+        point = self._last = Window(now, items, waited, busy_seconds, cpu_seconds)
+        mark = self._mark
+        if mark is None:
+            if items >= self._settle_until:
+                self._mark = point
+            return None
+        window = mark.to(point, self._carry)
+        enough = max(MIN_WINDOW_ITEMS, WINDOW_ROUNDS * self.threads)
+        if window.items < enough or window.seconds < MIN_WINDOW_SECONDS:
+            return None
+        self._mark, self._carry = point, _NOTHING
+        new = self._decide(window, largest_item)
+        if new is None or new == self.threads:
+            return None
+        return self._change(new)
+
+    def _decide(self, window: Window, largest_item: int) -> int | None:
+        """Decide on one full window: a verdict on a probe, a growth, or a hold."""
+        n, w = self.threads, window.wait_share
+        if self._hold is not None:
+            self._hold.windows += 1
+        if self._probe is not None:
+            previous, before = self._probe
+            self._probe = None
+            gain = window.throughput / before.throughput - 1.0
+            needed = needed_gain(before.wait_share)
+            if gain < needed:
+                self._failures += 1
+                self._hold = _Hold(previous, n, before, before.wait_share)
+                self._held.add("tried")  # the revert says it; no hold event this epoch
+                self._reason = (
+                    f"revert: {n} threads gave {_rate(window)}, {gain:+.0%} on "
+                    f"{previous} threads ({_rate(before)}; {needed:.0%} needed); "
+                    f"back to {previous}, held until the loop waits more"
+                )
+                return previous
+        if w < MIN_WAIT_SHARE:
+            return None
+        again = ""
+        hold = self._hold
+        if hold is not None:
+            then = hold.before
+            backing_off = hold.windows < 2**self._failures
+            if not backing_off and w >= hold.most + REPROBE_RISE:
+                again = f", more than the {hold.most:.0%} seen since {hold.tried} did not pay"
+            else:
+                if not backing_off:
+                    hold.most = max(hold.most, w)
+                self._record_hold(
+                    "tried",
+                    f"hold: {hold.tried} threads gave no more throughput than {hold.threads} "
+                    f"({_rate(then)}, the loop waiting {then.wait_share:.0%}); "
+                    f"now {_rate(window)}, waiting {w:.0%}",
+                )
+                return None
+            self._hold = None
+        limit, kind, text = self._limit(window, largest_item)
+        if n >= limit:
+            self._record_hold(kind, f"hold: the loop waited {w:.0%} of the time; at {text}")
+            return None
+        wanted = math.ceil(HEADROOM * n / (1.0 - w)) if w < 1.0 else MAX_GROWTH * n
+        new = min(limit, max(n + 1, min(wanted, MAX_GROWTH * n)))
+        self._probe = (n, window)
+        self._reason = (
+            f"grow: the loop waited {w:.0%} of the time at {n} threads "
+            f"({_rate(window)}){again}; within {text}"
+        )
+        return new
+
+    def _limit(self, window: Window, largest_item: int) -> tuple[int, str, str]:
+        """Return the count the bounds allow, which bound, and how to say it."""
+        bounds = [(self.maximum, "maximum", f"the maximum of {self.maximum} threads")]
+        share = window.cpu_share
+        if share > 0.0:
+            ceiling = max(1, math.floor(self.cores / share + 0.5))
+            text = (
+                f"the CPU ceiling of {ceiling} threads ({self.cores} cores, "
+                f"{share:.0%} of the threads' busy time on CPU)"
+            )
+            bounds.append((ceiling, "cpu", text))
+        by_bytes = self._byte_bound(largest_item)
+        if by_bytes is not None:
+            bounds.append((by_bytes, "max_bytes", self._bytes_text(by_bytes, largest_item)))
+        return min(bounds, key=lambda bound: bound[0])
+
+    def _byte_bound(self, largest_item: int) -> int | None:
+        if self.max_bytes is None or largest_item <= 0:
+            return None
+        return max(1, self.max_bytes // largest_item)
+
+    def _bytes_text(self, by_bytes: int, largest_item: int) -> str:
+        batches = "1 batch" if by_bytes == 1 else f"{by_bytes} batches"
+        return (
+            f"max_bytes ({_size(self.max_bytes or 0)}) holds {batches} "
+            f"of {_size(largest_item)} in flight"
+        )
+
+    def _record_hold(self, kind: str, reason: str) -> None:
+        """Record, once per epoch and kind, why a window with waits kept the count."""
+        if kind not in self._held:
+            self._held.add(kind)
+            self._event(self.threads, reason)
+
+    def _event(self, new: int, reason: str) -> None:
+        stats = self._stats
+        seconds = self._now - stats.started if stats.started is not None else 0.0
+        stats.thread_events.append(ThreadEvent(self._items, seconds, self.threads, new, reason))
+
+    def _change(self, new: int) -> int:
+        stats, old = self._stats, self.threads
+        self._event(new, self._reason)
+        self.threads = stats.fetch_threads = new
+        stats.peak_fetch_threads = max(stats.peak_fetch_threads or 0, new)
+        self._mark, self._carry = None, _NOTHING  # measure afresh once the new count settled
+        self._settle_until = self._items + max(old, new)
+        return new
+
+
+def _count(value: object, argument: str, owner: str) -> int:
+    """Return ``value`` if it is an int >= 1, else raise naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{owner}({argument}=...) expects an int >= 1, got {value!r}"
+        raise TypeError(msg)
+    if value < 1:
+        msg = f"{owner}({argument}=...) expects an int >= 1, got {value}"
+        raise ValueError(msg)
+    return value
+
+
+def _rate(window: Window) -> str:
+    return f"{window.throughput:.3g} batches/s"
+
+
+def _size(n: int) -> str:
+    """Format a byte count for a reason: ``'512 bytes'``, ``'1.5 MiB'``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{n} bytes"

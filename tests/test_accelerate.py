@@ -101,3 +101,14 @@ class TestWrapThenPrepare:
         """prepare() on a wrapper returns the same object: the documented reason to wrap last."""
         loader = BackgroundLoader(DataLoader(list(range(SIZE)), batch_size=BATCH))
         assert make_accelerator(False).prepare(loader) is loader
+
+
+class TestParallelFetchRefused:
+    @pytest.mark.parametrize("stateful", [False, True])
+    def test_prepared_loader_is_refused_naming_its_own_iteration(
+        self, stateful: bool, make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """fetch_threads over a prepared loader is refused at once: it would skip its __iter__."""
+        prepared = make_accelerator(stateful).prepare(DataLoader(list(range(SIZE)), batch_size=2))
+        with pytest.raises(TypeError, match=r"fetch_threads.*defines its own __iter__\(\)"):
+            BackgroundLoader(prepared, fetch_threads=2)

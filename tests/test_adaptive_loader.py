@@ -200,9 +200,10 @@ def posts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
     original = Engine._post
 
-    def spy(self: Engine, *args: Any) -> None:
-        original(self, *args)
-        seen.append((self.in_flight, self.buffered_bytes))
+    def spy(self: Engine, *args: Any) -> bool:
+        took_next = original(self, *args)
+        seen.append((self.in_flight - took_next, self.buffered_bytes))
+        return took_next
 
     monkeypatch.setattr(Engine, "_post", spy)
     return seen

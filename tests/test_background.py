@@ -178,9 +178,9 @@ class TestDepth:
         seen: list[int] = []
         original = Engine._post
 
-        def spy(self: Engine, *args: Any) -> None:
+        def spy(self: Engine, *args: Any) -> bool:
             seen.append(self.in_flight)
-            original(self, *args)
+            return original(self, *args)
 
         Engine._post = spy  # type: ignore[method-assign]
         try:

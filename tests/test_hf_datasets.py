@@ -51,6 +51,39 @@ def check_epoch(batches: list[Any]) -> None:
         assert torch.equal(batch["image"], expected.view(-1, 1, 1, 1).expand(-1, 1, 2, 2))
 
 
+class TestHuggingFaceParallelFetch:
+    @pytest.mark.parametrize("threads", [1, 4])
+    def test_batches_equal_the_dataloader_s_through_getitems(self, threads: int) -> None:
+        """A map-style Dataset read in threads (by __getitems__) gives the DataLoader's batches."""
+        data = map_style()
+        calls: list[int] = []
+        getitems = data.__getitems__
+
+        def spy(keys: list[int]) -> Any:
+            calls.append(len(keys))
+            return getitems(keys)
+
+        data.__getitems__ = spy  # an instance attribute: DataLoader and prefetch both see it
+        torch.manual_seed(7)
+        plain = list(DataLoader(data, batch_size=BATCH, shuffle=True))
+        plain_calls = len(calls)
+        torch.manual_seed(7)
+        loader = BackgroundLoader(
+            DataLoader(data, batch_size=BATCH, shuffle=True), fetch_threads=threads
+        )
+        got = list(loader)
+        assert len(got) == len(plain) == SIZE // BATCH
+        for ours, theirs in zip(got, plain, strict=True):
+            assert set(ours) == set(theirs) == {"image", "label"}
+            assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+        assert calls == [BATCH] * (2 * plain_calls)  # every batch read once, by __getitems__
+
+    def test_streaming_dataset_is_refused(self) -> None:
+        """An IterableDataset has no indices to read in parallel: refused, saying what to do."""
+        with pytest.raises(TypeError, match=r"fetch_threads.*IterableDataset.*num_workers"):
+            BackgroundLoader(DataLoader(streaming(), batch_size=BATCH), fetch_threads=2)
+
+
 class TestHuggingFaceDatasets:
     @pytest.mark.parametrize("num_workers", [0, 2])
     def test_map_style_dict_batches_through_the_stack(self, num_workers: int) -> None:

@@ -46,6 +46,10 @@ STACKS: dict[str, Callable[[], Any]] = {
     ),
     "cuda": lambda: CudaPrefetcher(DataLoader(dataset(), batch_size=BATCH)),
     "stateful": lambda: BackgroundLoader(StatefulDataLoader(dataset(), batch_size=BATCH)),
+    "threads": lambda: BackgroundLoader(DataLoader(dataset(), batch_size=BATCH), fetch_threads=3),
+    "threads_stateful": lambda: BackgroundLoader(
+        StatefulDataLoader(dataset(), batch_size=BATCH), fetch_threads=3
+    ),
 }
 
 
@@ -121,7 +125,7 @@ class TestLightningSingleProcess:
         run.fit(Model(STACKS[stack]))
         checkpoint = torch.load(run.checkpoint_callback.best_model_path, weights_only=False)
         saved = checkpoint["loops"]["fit_loop"]["state_dict"].get("combined_loader")
-        if stack == "stateful":
+        if stack.endswith("stateful"):
             assert saved is not None and saved[0]["_num_yielded"] == SIZE // BATCH
         else:
             assert saved is None
