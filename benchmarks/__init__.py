@@ -12,17 +12,23 @@ Workloads:
   (a throughput-bound source, ``max_bytes``);
 * ``pipeline`` - a DataLoader (0 or 2 workers) feeding a small CNN on the CPU;
 * ``gpu`` - host-to-device copies hidden behind training steps (CUDA only);
-* ``control`` - a negative control: GIL-bound work, where threads cannot help.
+* ``control`` - a negative control: GIL-bound work, where threads cannot help;
+* ``jpeg`` - parallel loading of real JPEG files (local, and with 20 ms storage
+  latency): DataLoader worker processes against ``fetch_threads``,
+  torchdata's ``ParallelMapper`` and SPDL, with summed PSS per variant;
+* ``cow`` - copy-on-write growth of worker processes over a dataset holding
+  a million file names, next to threads.
 
 Every configuration runs several times, interleaved, and the reports give
 medians and medians of per-repeat ratios. Results go to ``docs/benchmarks/``
 as ``results.json``, ``results.rst`` and PNG plots (``depth_trace.png``: the
-trace of ``depth="auto"`` on the bursty workload).
+trace of ``depth="auto"`` on the bursty workload; ``jpeg.png``: throughput
+against concurrency per method, both settings).
 """
 
 from __future__ import annotations
 
 __all__ = ["WORKLOADS"]
 
-WORKLOADS = ("handoff", "jittery", "bursty", "pipeline", "gpu", "control")
+WORKLOADS = ("handoff", "jittery", "bursty", "pipeline", "gpu", "control", "jpeg", "cow")
 """Workload names, in the order they run."""

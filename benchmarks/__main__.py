@@ -31,8 +31,16 @@ from benchmarks.report import text_table, write_all
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 """Where the results go by default: the repository's ``docs/benchmarks/``, not the cwd's."""
 
-BENCH_EXTRA = ("matplotlib", "numpy", "prefetch_generator")
-"""The modules of the ``bench`` extra (setup.cfg) that the workloads and plots import."""
+BENCH_EXTRA = {
+    "matplotlib": "matplotlib",
+    "numpy": "numpy",
+    "pillow": "PIL",
+    "prefetch_generator": "prefetch_generator",
+}
+"""Distributions of the ``bench`` extra (setup.cfg) that every run needs, and the module of each."""
+OPTIONAL_EXTRA = {"spdl_core": "spdl", "torchdata": "torchdata"}
+"""Distributions of the ``bench`` extra that only some variants need: without one, the ``jpeg``
+workload reports those variants as not available and the rest still run."""
 INSTALL_HINT = 'pip install -e ".[bench]"'
 
 INTRO = (
@@ -99,8 +107,10 @@ def _loadavg() -> str:
 
 
 def missing_extras() -> list[str]:
-    """Return the modules of the ``bench`` extra that are not installed."""
-    return [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]
+    """Return the distributions of the ``bench`` extra that every run needs but are missing."""
+    return [
+        name for name, module in BENCH_EXTRA.items() if importlib.util.find_spec(module) is None
+    ]
 
 
 def run_workload(name: str, config: Config) -> WorkloadResult:

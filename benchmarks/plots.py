@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 
 from benchmarks.common import WorkloadResult
 
-__all__ = ["plot_depth_trace", "plot_workload"]
+__all__ = ["plot_depth_trace", "plot_scaling", "plot_workload"]
 
 LABELS = {
     "seconds": "epoch time (s)",
@@ -93,8 +93,67 @@ def _grouped(result: WorkloadResult, axes: Any) -> None:
     axes.legend(fontsize=8)
 
 
+SCALING_STYLES = {
+    "dataloader": ("s", "#d62728", "DataLoader num_workers (0 plotted at 1)"),
+    "threads": ("o", "#1f77b4", "BackgroundLoader fetch_threads"),
+    "parallel_mapper": ("^", "#2ca02c", "torchdata ParallelMapper(thread)"),
+    "spdl": ("D", "#9467bd", "SPDL pipeline"),
+}
+
+
+def plot_scaling(result: WorkloadResult, path: Path) -> None:
+    """Draw throughput against concurrency, one line per method, one panel per setting.
+
+    Rows give ``setting``, ``method``, ``concurrency`` and ``items_per_second``;
+    ``fetch_threads="auto"`` is a star at the most threads it ran (its note
+    ``peak threads N``); variants that did not run are left out.
+    """
+    settings = list(dict.fromkeys(str(row.values["setting"]) for row in result.rows))
+    figure, grid = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 4.4), squeeze=False)
+    for axes, setting in zip(grid[0], settings, strict=True):
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for row in result.rows:
+            speed = _number(row.values.get("items_per_second"))
+            if row.values["setting"] != setting or speed != speed:  # nan: did not run
+                continue
+            method, level = str(row.values["method"]), str(row.values["concurrency"])
+            if level == "auto":
+                note = str(row.values.get("note", ""))
+                peak = float(note.rsplit(" ", 1)[-1]) if note.startswith("peak threads") else 1.0
+                axes.plot(
+                    [max(peak, 1.0)],
+                    [speed],
+                    "*",
+                    color="k",
+                    markersize=13,
+                    label="fetch_threads='auto' (at its peak thread count)",
+                    zorder=3,
+                )
+                continue
+            lines.setdefault(method, []).append((max(float(level), 1.0), speed))
+        for method, points in lines.items():
+            marker, colour, label = SCALING_STYLES.get(method, ("x", "0.5", method))
+            xs, ys = zip(*sorted(points), strict=True)
+            axes.plot(xs, ys, marker=marker, color=colour, label=label)
+        axes.set_xscale("log", base=2)
+        axes.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
+        axes.set_xlabel("concurrency (threads or worker processes)")
+        axes.set_ylabel("images/s (median)")
+        axes.set_ylim(bottom=0)
+        axes.set_title(f"{setting}", fontsize=10)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+    figure.suptitle(result.title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
 def plot_workload(result: WorkloadResult, path: Path) -> None:
     """Draw ``result`` in the style its ``plot`` field names and save it to ``path``."""
+    if result.plot == "scaling":
+        plot_scaling(result, path)
+        return
     tall = result.plot == "bar"
     figure, axes = plt.subplots(figsize=(8, 0.45 * len(result.rows) + 1.6 if tall else 4.5))
     {"line": _line, "bar": _bars, "grouped": _grouped}[result.plot](result, axes)

@@ -307,9 +307,10 @@ class DepthPolicy:
             wanted = (self.depth + 1) // 2
             self._reason = f"grow: took the last ready item; {spare_items}"
         else:  # the items missing; at least half again: the next burst may be longer
-            wanted = max((self.depth + 1) // 2, math.ceil(min(steps_waited, self.maximum)))
+            # min(..., limit): a loop whose steps take no time waits infinitely many steps
+            wanted = max((self.depth + 1) // 2, math.ceil(min(steps_waited, limit)))
             self._reason = f"grow: waited {steps_waited:.1f} steps; {spare_items}"
-        return min(self.depth + max(1, min(wanted, math.floor(could_make))), limit)
+        return min(self.depth + max(1, min(wanted, math.floor(min(could_make, limit)))), limit)
 
     def _limit(self, largest_item: int) -> tuple[int, str, str]:
         """Return the depth the bounds allow, which bound, and how to say it."""

@@ -22,6 +22,7 @@ from benchmarks import WORKLOADS
 from benchmarks.__main__ import (
     BENCH_EXTRA,
     INSTALL_HINT,
+    OPTIONAL_EXTRA,
     RESULTS,
     main,
     missing_extras,
@@ -85,13 +86,13 @@ class TestCommandLine:
     """``python -m benchmarks``: its arguments, output folder, missing extra and quick run."""
 
     @pytest.mark.slow
-    @pytest.mark.timeout(120)
+    @pytest.mark.timeout(240)
     def test_quick_run_writes_json_rst_and_plots(self, tmp_path: Path) -> None:
         """The quick run (CI's only benchmark run) writes every workload to JSON, reST and PNG."""
         if missing_extras():
             pytest.skip(f"the bench extra is not installed ({INSTALL_HINT})")
         out = tmp_path / "bench"
-        done = run_module("benchmarks", "--quick", "--out", str(out), timeout=110)
+        done = run_module("benchmarks", "--quick", "--out", str(out), timeout=230)
         assert done.returncode == 0, done.stdout + done.stderr
         data = json.loads((out / "results.json").read_text(encoding="utf-8"))
         assert set(data) == {"meta", "workloads"}
@@ -119,6 +120,21 @@ class TestCommandLine:
             assert (out / "depth_trace.png").stat().st_size > 0
         handoff = {row["variant"] for row in data["workloads"]["handoff"]["rows"]}
         assert "BackgroundLoader depth=auto (default)" in handoff
+        jpeg = data["workloads"]["jpeg"]
+        assert jpeg["status"] == "ok" and jpeg["params"]["images"] == 24
+        settings = {row["values"]["setting"] for row in jpeg["rows"]}
+        assert settings == {"local", "latency"}
+        assert {row["values"]["method"] for row in jpeg["rows"]} == {
+            "dataloader",
+            "threads",
+            "parallel_mapper",
+            "spdl",
+        }
+        ran = [row for row in jpeg["rows"] if row["values"]["note"] != "not available"]
+        assert ran and all(row["values"]["items"] == 24 for row in ran)
+        assert any("PSS" in target["name"] for target in jpeg["targets"])
+        cow = {row["variant"]: row["values"] for row in data["workloads"]["cow"]["rows"]}
+        assert cow["DataLoader num_workers=2"]["items"] == 100_000
         rst = (out / "results.rst").read_text(encoding="utf-8")
         assert "Hand-off overhead per item\n--------------------------" in rst
         assert ".. list-table::" in rst
@@ -146,12 +162,13 @@ class TestCommandLine:
         assert parse_args([]).out == RESULTS
 
     def test_bench_extra_is_the_setup_cfg_extra(self) -> None:
-        """The modules checked before a run are the bench extra of setup.cfg."""
+        """The distributions checked before a run, and the optional ones, are the bench extra."""
         parser = configparser.ConfigParser()
         parser.read(ROOT / "setup.cfg", encoding="utf-8")
         lines = parser["options.extras_require"]["bench"].split()
         names = {re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0].replace("-", "_") for line in lines}
-        assert names == set(BENCH_EXTRA)
+        assert names == set(BENCH_EXTRA) | set(OPTIONAL_EXTRA)
+        assert not set(BENCH_EXTRA) & set(OPTIONAL_EXTRA)
 
     def test_missing_extra_says_what_to_install(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

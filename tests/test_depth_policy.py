@@ -148,6 +148,14 @@ class TestGrowOnWait:
             ),
         )
 
+    def test_a_loop_with_zero_step_time_grows_within_the_maximum(self) -> None:
+        """Steps that take no time (infinitely many steps waited) grow the depth, never raise."""
+        feed = Feed()
+        feed.warm_up(step=0.0)
+        new = feed.hand_off(step=0.0, waited=1.0, ready=0, blocked=0.0, source=0.0)
+        assert new is not None and 2 < new <= DEFAULT_MAX_DEPTH
+        assert feed.policy.depth == new
+
     def test_partial_steps_round_up(self) -> None:
         """A wait of 4.5 steps grows by 5."""
         feed = Feed()
