@@ -37,7 +37,16 @@ from benchmarks.common import (
 )
 from benchmarks.jpeg_files import HEIGHT, SIDE, WIDTH, write_jpegs
 from benchmarks.jpeg_targets import targets
-from benchmarks.jpeg_variants import BATCH, LABELS, LATENCY, SETTINGS, Variant, available, plan
+from benchmarks.jpeg_variants import (
+    AUTOS,
+    BATCH,
+    LABELS,
+    LATENCY,
+    SETTINGS,
+    Variant,
+    available,
+    plan,
+)
 from benchmarks.memory import INTERVAL, run_child
 
 __all__ = ["run"]
@@ -92,7 +101,7 @@ def _row(samples: dict[str, list[Measure]], variant: Variant, reason: str) -> Ro
             if base in samples
             else float("nan")
         )
-    if variant.concurrency == "auto":
+    if variant.concurrency in AUTOS:
         threads = [run.get("peak_fetch_threads", float("nan")) for run in samples[variant.name]]
         values["note"] = f"peak threads {median(threads):.0f}"
         raw["peak_fetch_threads"] = threads

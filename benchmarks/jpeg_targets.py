@@ -17,7 +17,7 @@ from benchmarks.common import (
     paired_ratios,
     values_of,
 )
-from benchmarks.jpeg_variants import FULL, LABELS, NOISE, QUICK, SETTINGS, Variant
+from benchmarks.jpeg_variants import AUTOS, FULL, LABELS, NOISE, QUICK, SETTINGS, Variant
 
 __all__ = ["targets"]
 
@@ -58,11 +58,12 @@ class _Judge:
             detail += f" (growth over the process's start: {growth:.2f}x)"
         self.targets.append(Target(name, low <= value <= high, detail))
 
-    def best_fixed(self, setting: str, levels: tuple[int | str, ...]) -> None:
-        """Add the target: auto >= 0.9x the best fixed thread count, per repeat."""
-        name = f"jpeg {setting}: fetch_threads='auto' >= 0.9x the best fixed thread count"
-        auto = Variant(setting, "threads", "auto")
-        fixed = [Variant(setting, "threads", level) for level in levels if level != "auto"]
+    def best_fixed(self, setting: str, levels: tuple[int | str, ...], level: str) -> None:
+        """Add the target: auto (at ``level``) >= 0.9x the best fixed thread count, per repeat."""
+        epoch = "" if level == "auto" else f" ({level.split(', ', 1)[1]})"
+        name = f"jpeg {setting}: fetch_threads='auto'{epoch} >= 0.9x the best fixed thread count"
+        auto = Variant(setting, "threads", level)
+        fixed = [Variant(setting, "threads", level) for level in levels if isinstance(level, int)]
         if not fixed or not self.planned(auto, *fixed):
             return
         why = self.missing(auto, *fixed)
@@ -156,8 +157,9 @@ def targets(
         judge.ratio(name, variant, base, key, low, high)
     levels = (QUICK if config.quick else FULL)["threads"]
     for setting in SETTINGS:
-        judge.best_fixed(setting, levels)
-    shared = tuple(level for level in levels if level != "auto")
+        for auto in AUTOS:
+            judge.best_fixed(setting, levels, auto)
+    shared = tuple(level for level in levels if isinstance(level, int))
     for setting in SETTINGS:
         for other in ("parallel_mapper", "spdl"):
             judge.equal(setting, other, shared)

@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 
 from benchmarks.common import Config
+from benchmarks.parallel_child import LEARNED
 from prefetch import BackgroundLoader
 
 __all__ = [
@@ -41,11 +42,13 @@ LABELS = {
     "parallel_mapper": "ParallelMapper(thread) x{}",
     "spdl": "SPDL pipeline x{}",
 }
+AUTOS = ("auto", LEARNED)
+"""The levels of ``fetch_threads="auto"``: its first epoch, and its second."""
 Levels = tuple[int | str, ...]
-"""Concurrency levels of one method: worker or thread counts, or ``"auto"``."""
+"""Concurrency levels of one method: worker or thread counts, or one of :data:`AUTOS`."""
 FULL: dict[str, Levels] = {
     "dataloader": (0, 2, 16),
-    "threads": (2, 16, "auto"),
+    "threads": (2, 16, "auto", LEARNED),
     "parallel_mapper": (2, 16),
     "spdl": (2, 16),
 }

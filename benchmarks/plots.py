@@ -117,16 +117,17 @@ def plot_scaling(result: WorkloadResult, path: Path) -> None:
             if row.values["setting"] != setting or speed != speed:  # nan: did not run
                 continue
             method, level = str(row.values["method"]), str(row.values["concurrency"])
-            if level == "auto":
+            if not level.isdigit():  # fetch_threads="auto": first epoch, or second
                 note = str(row.values.get("note", ""))
                 peak = float(note.rsplit(" ", 1)[-1]) if note.startswith("peak threads") else 1.0
+                first = level == "auto"
                 axes.plot(
                     [max(peak, 1.0)],
                     [speed],
-                    "*",
-                    color="k",
+                    "*" if first else "P",
+                    color="k" if first else "tab:red",
                     markersize=13,
-                    label="fetch_threads='auto' (at its peak thread count)",
+                    label=f"fetch_threads='auto', {'1st' if first else '2nd'} epoch (at its peak)",
                     zorder=3,
                 )
                 continue

@@ -23,6 +23,7 @@ from benchmarks.jpeg_files import SIDE, JpegFolder, NameList, write_jpegs
 from benchmarks.jpeg_targets import targets
 from benchmarks.jpeg_variants import LABELS, QUICK, SETTINGS, Variant, available, plan
 from benchmarks.memory import PssSampler, pss_kib, tree_of
+from benchmarks.parallel_child import LEARNED
 from benchmarks.report import write_all
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -169,16 +170,23 @@ class TestJpegTargets:
 
     def test_auto_is_judged_against_the_best_fixed_count_of_each_repeat(self) -> None:
         """auto / max(fixed counts) per repeat, then the median, against 0.9."""
-        levels = {2: [100.0, 50.0, 100.0], 16: [50.0, 100.0, 100.0], "auto": [95.0, 95.0, 80.0]}
+        levels = {
+            2: [100.0, 50.0, 100.0],
+            16: [50.0, 100.0, 100.0],
+            "auto": [95.0, 95.0, 80.0],
+            LEARNED: [100.0, 110.0, 80.0],
+        }
         samples = {
             Variant("latency", "threads", level).name: [{"items_per_second": v} for v in values]
             for level, values in levels.items()
         }
         judged = targets(Config(), samples, {})
         assert [t.name for t in judged] == [
-            "jpeg latency: fetch_threads='auto' >= 0.9x the best fixed thread count"
+            "jpeg latency: fetch_threads='auto' >= 0.9x the best fixed thread count",
+            "jpeg latency: fetch_threads='auto' (2nd epoch) >= 0.9x the best fixed thread count",
         ]
         assert judged[0].passed and judged[0].detail == "0.95x"  # median of 0.95, 0.95, 0.8
+        assert judged[1].passed and judged[1].detail == "1.00x"  # median of 1.0, 1.1, 0.8
 
 
 class TestJpegWorkload:
@@ -192,7 +200,8 @@ class TestJpegWorkload:
         assert len(variants) == len(SETTINGS) * sum(len(levels) for levels in QUICK.values())
         assert len({v.name for v in variants}) == len(variants)
         full = plan(Config())
-        assert Variant("latency", "dataloader", 16) in full and len(full) == 20
+        assert Variant("latency", "dataloader", 16) in full and len(full) == 22
+        assert Variant("latency", "threads", LEARNED) in full
 
     @pytest.mark.slow
     @pytest.mark.timeout(170)
