@@ -38,6 +38,17 @@ def check_bool(value: object, argument: str, owner: str) -> bool:
     return value
 
 
+def check_count(value: object, argument: str, owner: str) -> int:
+    """Return ``value`` if it is an int >= 1, else raise naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{owner}({argument}=...) expects an int >= 1, got {value!r}"
+        raise TypeError(msg)
+    if value < 1:
+        msg = f"{owner}({argument}=...) expects an int >= 1, got {value}"
+        raise ValueError(msg)
+    return value
+
+
 def check_optional_count(value: object, argument: str, owner: str) -> int | None:
     """Return ``value`` if it is ``None`` or an int >= 1, else raise naming the argument."""
     if value is None:

@@ -135,6 +135,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         check_iterable(loader, "BackgroundLoader")
         fixed = check_loader_depth(depth, max_depth, "BackgroundLoader")
         self._max_bytes = check_optional_count(max_bytes, "max_bytes", "BackgroundLoader")
+        self._budget_set = max_bytes is not None  # the user's budget holds from the first item
         self._control: DepthControl
         if fixed is None:
             if self._max_bytes is None:
@@ -231,6 +232,8 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             max_bytes=self._max_bytes,
             producer=producer,
             threads=self._threads_for_epoch(),
+            size_hint=self._last_engine.largest_item if self._last_engine is not None else 0,
+            probe_first=self._budget_set,
         )
         self._live.append((weakref.ref(iterator), iterator._engine))
         self._last_engine = iterator._engine

@@ -73,6 +73,8 @@ class BackgroundIterator(Iterator[T]):
         max_bytes: int | None,
         producer: ProducerSpec,
         threads: ThreadControl | None = None,
+        size_hint: int = 0,
+        probe_first: bool = False,
     ) -> None:
         control.start_epoch(epoch.stats)
         threads = threads if threads is not None else FixedThreads(1)
@@ -85,6 +87,8 @@ class BackgroundIterator(Iterator[T]):
             max_bytes=max_bytes,
             stats=epoch.stats,
             measure_cpu=threads.adaptive,
+            size_hint=size_hint,
+            probe_first=probe_first,
         )
         self._epoch = epoch
         self._control = control

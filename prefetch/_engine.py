@@ -24,8 +24,10 @@ Invariants (every change here must keep them):
   ``depth`` for one thread); the consumer returns it when it takes the item.
   With ``max_bytes``, a ticket is also refused while the bytes posted and not
   taken, plus the largest item seen for each draw not yet posted and for the
-  new one, exceed it, unless nothing is in flight (one item always flows);
-  until an item's size is known, one draw at a time.
+  new one, exceed it, unless nothing is in flight (one item always flows).
+  Before any size is known (``size_hint``: the previous epoch's largest
+  item), a budget the user set (``probe_first``) allows one draw at a time;
+  the default budget lets every thread draw, as worker processes would.
 * **Errors.** An ``Exception`` from a draw or a run is posted as ``RAISED``
   in its place and the epoch goes on (the source decides whether it has
   more). ``StopIteration`` from a draw (``END``, carrying the state read just
@@ -83,6 +85,9 @@ class Engine:
         stats: The epoch's stats (source time, peaks, per-thread fetch time).
         measure_cpu: Sum the threads' CPU time in :attr:`cpu_seconds` (for a
             thread policy; it costs a system call per item).
+        size_hint: Bytes of the largest item of the previous epoch (0: unknown).
+        probe_first: With no size known, draw one item at a time until one is
+            posted (a byte budget the user set is kept from the first item on).
     """
 
     def __init__(
@@ -95,6 +100,8 @@ class Engine:
         max_bytes: int | None,
         stats: LoaderStats,
         measure_cpu: bool = False,
+        size_hint: int = 0,
+        probe_first: bool = False,
     ) -> None:
         self._tasks, self._spec, self.stats = tasks, spec, stats
         self._lock = threading.RLock()
@@ -107,7 +114,9 @@ class Engine:
         self.taken = 0  # the next sequence number the consumer hands over
         self._run = 0  # results[taken], results[taken + 1], ... posted: how many in a row
         self.in_flight = self.fetching = 0  # tickets held; of them, not posted yet
-        self.buffered_bytes = self.largest_item = self.fetched = 0
+        self.buffered_bytes = self.fetched = 0
+        self.largest_item = size_hint
+        self._probe_first = probe_first
         self.busy_seconds = self.blocked_seconds = self.cpu_seconds = 0.0
         self.active = self.alive = 0  # threads that go on; threads that have not left
         self._workers_waiting = 0
@@ -276,7 +285,7 @@ class Engine:
         limit = self.max_bytes
         if limit is None or self.in_flight == 0:
             return False
-        if self.fetching and not self.fetched:  # no size known yet: one draw at a time
+        if self.fetching and not self.largest_item and self._probe_first:  # one at a time
             return True
         return self.buffered_bytes + (self.fetching + 1) * self.largest_item > limit
 

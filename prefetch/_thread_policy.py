@@ -66,6 +66,7 @@ import math
 import os
 from typing import Protocol
 
+from prefetch._arguments import check_count
 from prefetch._stats import LoaderStats, ThreadEvent
 
 START_THREADS = 2
@@ -136,7 +137,7 @@ class FixedThreads:
     adaptive = False
 
     def __init__(self, threads: int) -> None:
-        self.threads = self.maximum = _count(threads, "threads", "FixedThreads")
+        self.threads = self.maximum = check_count(threads, "threads", "FixedThreads")
 
     def start_epoch(self, stats: LoaderStats) -> None:
         """Record the count in the epoch's stats."""
@@ -266,10 +267,12 @@ class ThreadPolicy:
         start: int | None = None,
     ) -> None:
         owner = "ThreadPolicy"
-        self.maximum = _count(DEFAULT_MAX_THREADS if maximum is None else maximum, "maximum", owner)
-        self.cores = available_cores() if cores is None else _count(cores, "cores", owner)
-        self.max_bytes = None if max_bytes is None else _count(max_bytes, "max_bytes", owner)
-        first = START_THREADS if start is None else _count(start, "start", owner)
+        self.maximum = check_count(
+            DEFAULT_MAX_THREADS if maximum is None else maximum, "maximum", owner
+        )
+        self.cores = available_cores() if cores is None else check_count(cores, "cores", owner)
+        self.max_bytes = None if max_bytes is None else check_count(max_bytes, "max_bytes", owner)
+        first = START_THREADS if start is None else check_count(start, "start", owner)
         self.threads = min(first, self.maximum)
         self._stats = LoaderStats()
         self._now = 0.0
@@ -450,17 +453,6 @@ class ThreadPolicy:
         self._mark, self._carry = None, _NOTHING  # measure afresh once the new count settled
         self._settle_until = self._items + max(old, new)
         return new
-
-
-def _count(value: object, argument: str, owner: str) -> int:
-    """Return ``value`` if it is an int >= 1, else raise naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{owner}({argument}=...) expects an int >= 1, got {value!r}"
-        raise TypeError(msg)
-    if value < 1:
-        msg = f"{owner}({argument}=...) expects an int >= 1, got {value}"
-        raise ValueError(msg)
-    return value
 
 
 def _rate(window: Window) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import gc
 import random
+import threading
 import time
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
+from prefetch._engine import Engine
 
 from .parallel import (
     THREAD_COUNTS,
@@ -141,6 +143,63 @@ class TestInFlightBound:
             DataLoader(dataset, batch_size=None), depth=32, max_bytes=budget, fetch_threads=threads
         )
         check_bound(loader, dataset, fits)
+
+
+class TestFirstRound:
+    """Before any batch's size is known, the default budget lets every thread read."""
+
+    @staticmethod
+    def together(threads: int) -> Any:
+        """A dataset whose reads wait (3 s at most) until ``threads`` reads are under way."""
+        barrier = threading.Barrier(threads, timeout=3.0)
+
+        class Together(torch.utils.data.Dataset[torch.Tensor]):
+            def __len__(self) -> int:
+                return 4 * threads
+
+            def __getitem__(self, index: int) -> torch.Tensor:
+                if index < threads:  # the first round: every thread reads at once, or none goes on
+                    barrier.wait()
+                return torch.full((256,), float(index))
+
+        return Together()
+
+    @pytest.mark.parametrize("threads", [2, 4])
+    def test_default_budget_reads_the_first_round_at_once(self, threads: int) -> None:
+        """depth='auto' (1 GiB budget): N first reads run together, as N workers' would."""
+        loader = BackgroundLoader(
+            DataLoader(self.together(threads), batch_size=None), fetch_threads=threads
+        )
+        got = [int(batch[0]) for batch in loader]
+        assert got == list(range(4 * threads))  # a lone first read would break the barrier
+
+    def test_a_budget_you_set_reads_one_until_a_size_is_known(self) -> None:
+        """max_bytes given: the first read runs alone, so reads waiting for company fail."""
+        loader = BackgroundLoader(
+            DataLoader(self.together(2), batch_size=None), max_bytes=1 << 30, fetch_threads=2
+        )
+        with pytest.raises(threading.BrokenBarrierError):
+            list(loader)
+
+    def test_a_later_epoch_starts_from_the_size_seen(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Each epoch's engine starts knowing the largest batch of the one before (0 at first)."""
+        known: list[int] = []
+        start = Engine.start
+
+        def spy(self: Engine) -> None:
+            known.append(self.largest_item)  # before any thread runs: only the hint counts
+            start(self)
+
+        monkeypatch.setattr(Engine, "start", spy)
+        loader = BackgroundLoader(
+            DataLoader(Counted(12, 2, nbytes=1000), batch_size=None),
+            depth=2,
+            max_bytes=3500,
+            fetch_threads=2,
+        )
+        assert len(list(loader)) == 12
+        assert len(list(loader)) == 12
+        assert known == [0, 1000]
 
 
 def check_bound(loader: BackgroundLoader[Any], dataset: Counted, bound: int) -> None:
