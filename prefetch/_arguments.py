@@ -38,13 +38,13 @@ def check_bool(value: object, argument: str, owner: str) -> bool:
     return value
 
 
-def check_count(value: object, argument: str, owner: str) -> int:
-    """Return ``value`` if it is an int >= 1, else raise naming the argument."""
+def check_count(value: object, argument: str, owner: str, expected: str = "an int >= 1") -> int:
+    """Return ``value`` if it is an int >= 1, else raise naming the argument and ``expected``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{owner}({argument}=...) expects an int >= 1, got {value!r}"
+        msg = f"{owner}({argument}=...) expects {expected}, got {value!r}"
         raise TypeError(msg)
     if value < 1:
-        msg = f"{owner}({argument}=...) expects an int >= 1, got {value}"
+        msg = f"{owner}({argument}=...) expects {expected}, got {value}"
         raise ValueError(msg)
     return value
 
@@ -53,13 +53,7 @@ def check_optional_count(value: object, argument: str, owner: str) -> int | None
     """Return ``value`` if it is ``None`` or an int >= 1, else raise naming the argument."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{owner}({argument}=...) expects None or an int >= 1, got {value!r}"
-        raise TypeError(msg)
-    if value < 1:
-        msg = f"{owner}({argument}=...) expects None or an int >= 1, got {value}"
-        raise ValueError(msg)
-    return value
+    return check_count(value, argument, owner, "None or an int >= 1")
 
 
 def check_loader_depth(depth: object, max_depth: object, owner: str) -> int | None:
@@ -98,11 +92,4 @@ def check_fetch_threads(value: object, owner: str) -> int | Literal["auto"] | No
         return None
     if value == "auto":
         return "auto"
-    expected = "None, 'auto' or an int >= 1"
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{owner}(fetch_threads=...) expects {expected}, got {value!r}"
-        raise TypeError(msg)
-    if value < 1:
-        msg = f"{owner}(fetch_threads=...) expects {expected}, got {value}"
-        raise ValueError(msg)
-    return value
+    return check_count(value, "fetch_threads", owner, "None, 'auto' or an int >= 1")
