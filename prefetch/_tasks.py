@@ -16,7 +16,6 @@ by as many threads as the engine has, and does the slow part.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol
 
@@ -99,10 +98,3 @@ class IteratorTasks:
     def release(self) -> None:
         """Release the source iterator (see :func:`release_source`)."""
         release_source(self.source, self.owned)
-
-
-def timed_run(tasks: Tasks, task: Any) -> tuple[Any, float, float]:
-    """Run ``task``; return the item, wall seconds and collate seconds."""
-    started = time.perf_counter()
-    item, collate = tasks.run(task)
-    return item, time.perf_counter() - started, collate
