@@ -55,7 +55,7 @@ from benchmarks.jittery import (
     loader_epoch,
 )
 from prefetch import BackgroundLoader
-from prefetch._adaptive_depth import START_DEPTH
+from prefetch._threads.depth_policy import START_DEPTH
 
 __all__ = ["BurstySource", "run"]
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from prefetch._progress import ProgressBar
+from prefetch._shared.progress import ProgressBar
 
 __all__ = [
     "IDEAL_COLUMNS",

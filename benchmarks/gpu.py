@@ -49,8 +49,8 @@ from benchmarks.common import (
 )
 from benchmarks.data import MEAN, STD
 from prefetch import BackgroundLoader, CudaPrefetcher, Normalize
-from prefetch._cuda_prefetcher import Lifetime
-from prefetch._progress import ProgressBar
+from prefetch._device.prefetcher import Lifetime
+from prefetch._shared.progress import ProgressBar
 
 __all__ = ["run"]
 

@@ -31,7 +31,7 @@ from benchmarks.common import (
     paired_ratios,
 )
 from prefetch import BackgroundLoader
-from prefetch._adaptive_depth import DEFAULT_MAX_DEPTH
+from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH
 from prefetch.compat import BackgroundGenerator as CompatGenerator
 
 __all__ = ["DEPTHS", "run"]

@@ -7,13 +7,13 @@ Wrap an existing loader in one line::
 and the training loop, ``len(loader)`` and ``loader.set_epoch(e)`` keep working.
 """
 
-from prefetch._background import BackgroundLoader
-from prefetch._background_iterator import BackgroundIterator
-from prefetch._cuda_prefetcher import CudaPrefetcher
-from prefetch._device_iterator import DeviceIterator
-from prefetch._normalize import Normalize
-from prefetch._stateful import NotStatefulError, Stateful
-from prefetch._stats import DepthEvent, LoaderStats, ThreadEvent
+from prefetch._device.iterator import DeviceIterator
+from prefetch._device.normalize import Normalize
+from prefetch._device.prefetcher import CudaPrefetcher
+from prefetch._shared.stateful import NotStatefulError, Stateful
+from prefetch._shared.stats import DepthEvent, LoaderStats, ThreadEvent
+from prefetch._threads.iterator import BackgroundIterator
+from prefetch._threads.loader import BackgroundLoader
 
 __version__ = "0.3.0"
 

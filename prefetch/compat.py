@@ -30,11 +30,11 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from prefetch._adaptive_depth import FixedDepth
-from prefetch._arguments import check_iterable
-from prefetch._background_iterator import BackgroundIterator
-from prefetch._stats import EpochRecord
-from prefetch._tasks import IteratorTasks, ProducerSpec
+from prefetch._shared.arguments import check_iterable
+from prefetch._shared.stats import EpochRecord
+from prefetch._threads.depth_policy import FixedDepth
+from prefetch._threads.iterator import BackgroundIterator
+from prefetch._threads.tasks import IteratorTasks, ProducerSpec
 
 __all__ = ["BackgroundGenerator", "background", "prefetch"]
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader
-from prefetch._progress import ProgressBar
+from prefetch._shared.progress import ProgressBar
 
 __all__ = ["StorageDataset", "main", "run_epoch"]
 

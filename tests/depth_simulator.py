@@ -1,11 +1,11 @@
 """A discrete-event simulation of one ``BackgroundLoader`` epoch in simulated time.
 
-It drives the *real* :class:`~prefetch._adaptive_depth.DepthPolicy` with the
+It drives the *real* :class:`~prefetch._threads.depth_policy.DepthPolicy` with the
 numbers :meth:`BackgroundIterator._adapt` would pass, on a clock that is
 injected (simulated seconds, no sleeping), so a latency trace of thousands of
 items runs in milliseconds and gives the same result every time.
 
-It mimics :class:`~prefetch._engine.Engine`:
+It mimics :class:`~prefetch._threads.engine.Engine`:
 
 * the producer takes a slot (``produced += 1``) before each fetch and blocks
   while ``produced - consumed >= depth``; item ``i`` takes ``source[i]``
@@ -33,8 +33,8 @@ import math
 import random
 from collections.abc import Sequence
 
-from prefetch._adaptive_depth import DepthPolicy
-from prefetch._stats import LoaderStats
+from prefetch._shared.stats import LoaderStats
+from prefetch._threads.depth_policy import DepthPolicy
 
 __all__ = ["Run", "bursty", "ideal", "lognormal", "simulate"]
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from prefetch import _cuda_prefetcher as cuda_prefetcher
-from prefetch._structure import iter_leaves, iter_tensors, map_leaves
+from prefetch._device import prefetcher as cuda_prefetcher
+from prefetch._shared.structure import iter_leaves, iter_tensors, map_leaves
 
 Log = list[tuple[Any, ...]]
 
@@ -81,7 +81,7 @@ def memory(batch: Any) -> Iterator[torch.Tensor]:
 
 
 class FakeOps:
-    """Implements prefetch._device_ops.DeviceOps over CPU tensors, logging every call."""
+    """Implements prefetch._device.ops.DeviceOps over CPU tensors, logging every call."""
 
     has_streams = True
     non_blocking = True

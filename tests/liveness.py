@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from prefetch._engine import Engine
+from prefetch._threads.engine import Engine
 
 LIVENESS_SECONDS = 2.0
 """How long a step may make no progress before the test fails (never a speed claim)."""

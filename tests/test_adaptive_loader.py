@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from prefetch import BackgroundLoader, LoaderStats
-from prefetch._adaptive_depth import (
+from prefetch._threads.depth_policy import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
     MIN_SAMPLES,
@@ -25,8 +25,8 @@ from prefetch._adaptive_depth import (
     START_DEPTH,
     DepthPolicy,
 )
-from prefetch._background_iterator import REPORT_EVERY
-from prefetch._engine import Engine
+from prefetch._threads.engine import Engine
+from prefetch._threads.iterator import REPORT_EVERY
 
 from .liveness import consume
 from .processes import prefetch_threads, wait_until

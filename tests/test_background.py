@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import prefetch
 from prefetch import BackgroundLoader
-from prefetch._engine import Engine
+from prefetch._threads.engine import Engine
 
 from .processes import prefetch_threads
 from .sources import Stateful
@@ -519,8 +519,8 @@ class TestPinMemory:
 
     def test_pins_nested_batches_in_the_thread(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Every nested tensor leaf goes through pinning, inside the producer thread."""
-        from prefetch import _background as background
-        from prefetch import _pinning as pinning
+        from prefetch._shared import pinning as pinning
+        from prefetch._threads import loader as background
 
         calls: list[tuple[str, int]] = []
         selected: list[tuple[str, int | None]] = []
@@ -652,11 +652,16 @@ def test_public_api_is_explicit() -> None:
     for name in prefetch.__all__:
         assert getattr(prefetch, name).__module__.startswith("prefetch._")
     assert isinstance(prefetch.__version__, str)
-    internal = sorted(pathlib.Path(prefetch.__file__).parent.glob("_[a-z]*.py"))
+    root = pathlib.Path(prefetch.__file__).parent
+    internal = sorted(root.glob("_[a-z]*/*.py"))
     assert internal, "no internal modules found"
     for path in internal:
-        module = importlib.import_module(f"prefetch.{path.stem}")
-        assert not hasattr(module, "__all__"), f"{path.name} declares __all__"
+        name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        module = importlib.import_module(f"prefetch.{name}")
+        assert not hasattr(module, "__all__"), f"{path} declares __all__"
+    assert not sorted(root.glob("_[a-z]*.py")), (
+        "internal modules live in _shared, _threads, _device"
+    )
 
 
 class TestReleaseErrors:
@@ -693,7 +698,7 @@ class TestReleaseErrors:
         def closing_error(source: Iterator[int], owned: bool) -> None:
             raise cleanup_error
 
-        from prefetch import _tasks
+        from prefetch._threads import tasks as _tasks
 
         got: list[int] = []
         with pytest.MonkeyPatch.context() as patch:

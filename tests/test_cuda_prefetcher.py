@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from prefetch import BackgroundLoader, CudaPrefetcher
-from prefetch import _cuda_prefetcher as cuda_prefetcher
-from prefetch import _device_ops as device_ops
-from prefetch._device_ops import DeviceOps, resolve_device
+from prefetch._device import ops as device_ops
+from prefetch._device import prefetcher as cuda_prefetcher
+from prefetch._device.ops import DeviceOps, resolve_device
 
 from .processes import prefetch_threads
 from .sources import Stateful

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import prefetch.demo
-from prefetch._progress import ProgressBar
+from prefetch._shared.progress import ProgressBar
 
 PACKAGE = Path(prefetch.__file__).resolve().parent
 

@@ -1,6 +1,6 @@
 """DepthPolicy on scripted hand-offs: exact decisions on an injected clock, no threads.
 
-Each test feeds a bare :class:`~prefetch._adaptive_depth.DepthPolicy` the
+Each test feeds a bare :class:`~prefetch._threads.depth_policy.DepthPolicy` the
 numbers ``BackgroundIterator._adapt`` would report; every value is a binary
 fraction, so means, ratios and the expected depths are exact.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefetch._adaptive_depth import (
+from prefetch._shared.stats import DepthEvent, LoaderStats
+from prefetch._threads.depth_policy import (
     CUT_SAMPLES,
     DEFAULT_MAX_DEPTH,
     MIN_SAMPLES,
@@ -19,7 +20,6 @@ from prefetch._adaptive_depth import (
     START_DEPTH,
     DepthPolicy,
 )
-from prefetch._stats import DepthEvent, LoaderStats
 
 from .depth_reasons import NEVER_FULL, SLOWER
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefetch._adaptive_depth import (
+from prefetch._threads.depth_policy import (
     DEFAULT_MAX_DEPTH,
     SHRINK_WINDOW,
     SLOWER_HEADROOM,

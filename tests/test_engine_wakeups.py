@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefetch import BackgroundLoader
-from prefetch import _engine as engine_module
+from prefetch._threads import engine as engine_module
 
 from .liveness import consume, describe, take, wait_for
 

@@ -66,7 +66,7 @@ class TestMetadata:
         floor = minimum(setup_cfg()["options"]["install_requires"], "torch")
         assert floor == (2, 6)
         used = set()
-        for path in PACKAGE.glob("*.py"):
+        for path in PACKAGE.rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if (
                     isinstance(node, ast.Attribute)

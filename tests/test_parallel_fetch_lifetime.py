@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
-from prefetch._engine import Engine
+from prefetch._threads.engine import Engine
 
 from .parallel import (
     THREAD_COUNTS,

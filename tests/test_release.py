@@ -17,7 +17,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
-from prefetch import _background_iterator as background_iterator
+from prefetch._threads import iterator as background_iterator
 
 from . import fake_device
 from .liveness import LIVENESS_SECONDS, take, wait_for

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from prefetch import CudaPrefetcher
-from prefetch._stream_copier import StreamCopier
+from prefetch._device.copier import StreamCopier
 
 from . import fake_device
 from .fake_device import FakeOps, Packed
@@ -293,7 +293,7 @@ class TestPinDevice:
     @pytest.fixture
     def selected(self, monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
         """Pretend an accelerator (current device 0); record what the thread selects."""
-        from prefetch import _background
+        from prefetch._threads import loader as _background
 
         chosen: list[int | None] = []
         monkeypatch.setattr(_background, "accelerator_available", lambda: True)

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader, CudaPrefetcher
-from prefetch._wrapper import one_iterator_reason
+from prefetch._shared.wrapper import one_iterator_reason
 
 from .errors import make_errors
 from .processes import live_child_pids, os_thread_count, prefetch_threads, rss_mb, settle

@@ -1,4 +1,4 @@
-"""prefetch._structure: nested batches keep their types through map_leaves."""
+"""prefetch._shared.structure: nested batches keep their types through map_leaves."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from prefetch._structure import (
+from prefetch._shared.structure import (
     get_item,
     iter_tensors,
     map_leaves,

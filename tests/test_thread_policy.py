@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader
-from prefetch._stats import LoaderStats, ThreadEvent
-from prefetch._thread_policy import (
+from prefetch._shared.stats import LoaderStats, ThreadEvent
+from prefetch._threads.thread_policy import (
     DEFAULT_MAX_THREADS,
     MAX_GROWTH,
     MIN_WINDOW_ITEMS,

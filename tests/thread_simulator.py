@@ -1,6 +1,6 @@
 """A discrete-event simulation of one parallel-fetch epoch in simulated time.
 
-It drives the *real* :class:`~prefetch._thread_policy.ThreadPolicy` with the
+It drives the *real* :class:`~prefetch._threads.thread_policy.ThreadPolicy` with the
 numbers the engine reports after each hand-off, on an injected clock
 (simulated seconds, no sleeping, no threads), so an epoch of thousands of
 batches runs in milliseconds and gives the same result every time.
@@ -17,7 +17,7 @@ The model:
   is fixed when the batch starts, from the thread count then.
 * Threads take batch indices in order; at most ``depth + threads - 1``
   batches are being fetched or are waiting and not yet consumed, as the
-  engine's tickets allow (:mod:`prefetch._engine`; the consumer returns a
+  engine's tickets allow (:mod:`prefetch._threads.engine`; the consumer returns a
   ticket when it takes the batch).
 * Batches are handed over in order: the consumer asks for batch ``k`` when its
   step ends, waits until it is done, takes it, reports, then computes for
@@ -37,8 +37,8 @@ import math
 import random
 from collections.abc import Sequence
 
-from prefetch._stats import LoaderStats
-from prefetch._thread_policy import ThreadPolicy
+from prefetch._shared.stats import LoaderStats
+from prefetch._threads.thread_policy import ThreadPolicy
 
 __all__ = ["Run", "Workload", "jittered", "simulate"]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from prefetch import CudaPrefetcher
-from prefetch._stream_copier import StreamCopier
+from prefetch._device.copier import StreamCopier
 
 BASE = 1000.0
 POISON = -7.0e6

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from prefetch import CudaPrefetcher
-from prefetch._stream_copier import StreamCopier
+from prefetch._device.copier import StreamCopier
 
 from .gpu_helpers import (
     BASE,

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from prefetch._structure import map_leaves
+from prefetch._shared.structure import map_leaves
 
 
 def accelerator_available() -> bool:

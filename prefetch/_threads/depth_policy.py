@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from prefetch._stats import DepthEvent, LoaderStats
+from prefetch._shared.stats import DepthEvent, LoaderStats
 
 START_DEPTH = 2
 """Depth of a new adaptive loader, and the floor it shrinks back to."""

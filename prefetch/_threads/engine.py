@@ -1,9 +1,9 @@
 """``Engine``: one epoch's fetch threads and everything they share.
 
 This is the only module that starts threads. An engine owns its source (a
-:class:`~prefetch._tasks.Tasks`), its threads (one, or N for parallel fetch:
+:class:`~prefetch._threads.tasks.Tasks`), its threads (one, or N for parallel fetch:
 one thread is simply N = 1), the results they post and the consumer's
-position. The consumer end (:mod:`prefetch._background_iterator`) calls
+position. The consumer end (:mod:`prefetch._threads.iterator`) calls
 :meth:`Engine.take`; everything else happens here.
 
 Invariants (every change here must keep them):
@@ -53,10 +53,10 @@ import threading
 import time
 from typing import Any
 
-from prefetch._profiling import profiling, span
-from prefetch._stats import LoaderStats
-from prefetch._structure import tensor_nbytes
-from prefetch._tasks import ProducerSpec, Tasks
+from prefetch._shared.profiling import profiling, span
+from prefetch._shared.stats import LoaderStats
+from prefetch._shared.structure import tensor_nbytes
+from prefetch._threads.tasks import ProducerSpec, Tasks
 
 ITEM, ERROR, END, RAISED, STOPPED = 0, 1, 2, 3, 4
 """Message tags (see the module invariants); ``STOPPED``: :meth:`Engine.take` after a stop."""

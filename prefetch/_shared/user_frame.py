@@ -6,7 +6,7 @@ import os
 import sys
 from types import FrameType
 
-_PACKAGE = os.path.dirname(__file__)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def user_stacklevel() -> int:
@@ -18,6 +18,6 @@ def user_stacklevel() -> int:
     """
     frame: FrameType | None = sys._getframe(2)  # the caller of the function that asks
     level = 2
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE:
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     return level

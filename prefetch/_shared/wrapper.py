@@ -9,10 +9,10 @@ It also holds what the wrappers do alike with their epochs. A wrapper runs
 ahead of the training loop, so the wrapped loader's own ``state_dict()``
 counts items the loop has not seen; each wrapper therefore records the
 state right after taking each item and reports the state of the last item
-it handed over (:class:`~prefetch._stats.EpochRecord`).
+it handed over (:class:`~prefetch._shared.stats.EpochRecord`).
 
 Invariant: a wrapper has ``state_dict``/``load_state_dict`` exactly when the
-loader it wraps can checkpoint; :mod:`prefetch._checkpointing` adds them.
+loader it wraps can checkpoint; :mod:`prefetch._shared.checkpointing` adds them.
 Here, both names raise :class:`~prefetch.NotStatefulError` saying why.
 """
 
@@ -22,16 +22,16 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-from prefetch._distributed import distributed_world, warn_if_unsharded
-from prefetch._stateful import NotStatefulError, state_problem
-from prefetch._stats import EpochRecord, LoaderStats
-from prefetch._user_frame import user_stacklevel
+from prefetch._shared.distributed import distributed_world, warn_if_unsharded
+from prefetch._shared.stateful import NotStatefulError, state_problem
+from prefetch._shared.stats import EpochRecord, LoaderStats
+from prefetch._shared.user_frame import user_stacklevel
 
 W = TypeVar("W", bound="LoaderWrapper")
 
 
 def is_stateful(loader: Any) -> bool:
-    """Return whether ``loader`` can checkpoint (see :func:`~prefetch._stateful.state_problem`).
+    """Return whether ``loader`` can checkpoint (see :func:`~prefetch._shared.stateful.state_problem`).
 
     A wrapper of this package is resumable when the loader it wraps is.
 
@@ -134,7 +134,7 @@ class LoaderWrapper:
 
     _loader: Any
     _epoch: EpochRecord | None = None
-    _stateful = False  # set by prefetch._checkpointing.adopt_state
+    _stateful = False  # set by prefetch._shared.checkpointing.adopt_state
     _state_problem: str | None = None  # why the wrapped loader cannot checkpoint
     _sharding_checked = False  # looked for a DataLoader that every rank reads whole
 

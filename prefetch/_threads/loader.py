@@ -1,10 +1,10 @@
 """``BackgroundLoader``: produce a loader's items in a thread, ``depth`` ahead.
 
 This module holds the loader: epochs, pinning, pass-through and checkpoints.
-The consumer end of an epoch is :mod:`prefetch._background_iterator`; the
+The consumer end of an epoch is :mod:`prefetch._threads.iterator`; the
 thread is :mod:`prefetch._thread_worker`; the shared state is
 :mod:`prefetch._channel`; how ``depth="auto"`` decides is
-:mod:`prefetch._adaptive_depth`.
+:mod:`prefetch._threads.depth_policy`.
 """
 
 from __future__ import annotations
@@ -18,36 +18,41 @@ from typing import Generic, Literal, TypeVar, cast
 import torch
 from torch.utils.data import DataLoader
 
-from prefetch._adaptive_depth import (
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_DEPTH,
-    DepthControl,
-    DepthPolicy,
-    FixedDepth,
-)
-from prefetch._arguments import (
+from prefetch._shared.arguments import (
     check_bool,
     check_fetch_threads,
     check_iterable,
     check_loader_depth,
     check_optional_count,
 )
-from prefetch._background_iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
-from prefetch._checkpointing import adopt_state, read_start_state
-from prefetch._engine import Engine
-from prefetch._parallel_fetch import check_parallel_loader, sampler_tasks
-from prefetch._pinning import accelerator_available, current_device_index, pin_batch, select_device
-from prefetch._sampler_seed import start_sampler_here
-from prefetch._stateful import read_state
-from prefetch._stats import EpochRecord
-from prefetch._tasks import IteratorTasks, ProducerSpec, Tasks
-from prefetch._thread_policy import FixedThreads, ThreadControl, ThreadPolicy
-from prefetch._wrapper import (
+from prefetch._shared.checkpointing import adopt_state, read_start_state
+from prefetch._shared.pinning import (
+    accelerator_available,
+    current_device_index,
+    pin_batch,
+    select_device,
+)
+from prefetch._shared.stateful import read_state
+from prefetch._shared.stats import EpochRecord
+from prefetch._shared.wrapper import (
     LoaderWrapper,
     one_iterator_reason,
     short_repr,
     warn_consumed,
 )
+from prefetch._threads.depth_policy import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_DEPTH,
+    DepthControl,
+    DepthPolicy,
+    FixedDepth,
+)
+from prefetch._threads.engine import Engine
+from prefetch._threads.iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
+from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
+from prefetch._threads.sampler_seed import start_sampler_here
+from prefetch._threads.tasks import IteratorTasks, ProducerSpec, Tasks
+from prefetch._threads.thread_policy import FixedThreads, ThreadControl, ThreadPolicy
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ Frameworks decide whether a loader can checkpoint by looking for
 ``state_dict`` and ``load_state_dict``: Lightning's runtime-checkable
 protocol uses ``hasattr`` (``inspect.getattr_static`` from Python 3.12).
 So a wrapper must have these two methods exactly when what it wraps can
-checkpoint (see :class:`prefetch._checkpointing.Checkpointing`), and this module
+checkpoint (see :class:`prefetch._shared.checkpointing.Checkpointing`), and this module
 says when that is.
 
 Invariants:

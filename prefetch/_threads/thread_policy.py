@@ -66,8 +66,8 @@ import math
 import os
 from typing import Protocol
 
-from prefetch._arguments import check_count
-from prefetch._stats import LoaderStats, ThreadEvent
+from prefetch._shared.arguments import check_count
+from prefetch._shared.stats import LoaderStats, ThreadEvent
 
 START_THREADS = 2
 """Threads of a new adaptive loader: parallel from the start, cheap if the loader is ahead."""

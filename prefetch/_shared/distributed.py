@@ -25,7 +25,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from prefetch._user_frame import user_stacklevel
+from prefetch._shared.user_frame import user_stacklevel
 
 
 def _shards(sampler: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from prefetch._structure import iter_leaves, iter_tensors, map_leaves
+from prefetch._shared.structure import iter_leaves, iter_tensors, map_leaves
 
 
 def resolve_device(device: object, owner: str = "CudaPrefetcher") -> torch.device:

@@ -1,6 +1,6 @@
 """``BackgroundIterator``: the consumer end of one epoch's engine.
 
-The threads and what they share live in :mod:`prefetch._engine`. This module
+The threads and what they share live in :mod:`prefetch._threads.engine`. This module
 takes items from the engine, keeps the epoch's stats and checkpoint state,
 reports each hand-off to the adaptive depth and thread policies if there are
 any, and stops the engine when the epoch ends, on ``close()``, or when the
@@ -28,11 +28,11 @@ import weakref
 from collections.abc import Iterator
 from typing import TypeVar
 
-from prefetch._adaptive_depth import DepthControl
-from prefetch._engine import END, ITEM, RAISED, STOPPED, Engine
-from prefetch._stats import EpochRecord, LoaderStats
-from prefetch._tasks import ProducerSpec, Tasks
-from prefetch._thread_policy import FixedThreads, ThreadControl
+from prefetch._shared.stats import EpochRecord, LoaderStats
+from prefetch._threads.depth_policy import DepthControl
+from prefetch._threads.engine import END, ITEM, RAISED, STOPPED, Engine
+from prefetch._threads.tasks import ProducerSpec, Tasks
+from prefetch._threads.thread_policy import FixedThreads, ThreadControl
 
 T = TypeVar("T")
 

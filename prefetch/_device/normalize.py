@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from prefetch._structure import get_item, replace_item
+from prefetch._shared.structure import get_item, replace_item
 
 
 def _check_values(name: str, values: object) -> tuple[float, ...]:

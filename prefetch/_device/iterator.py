@@ -33,14 +33,14 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from prefetch._stats import EpochRecord, LoaderStats
-from prefetch._tasks import release_source
+from prefetch._shared.stats import EpochRecord, LoaderStats
+from prefetch._threads.tasks import release_source
 
 T = TypeVar("T")
 
 
 class Copier(Protocol):
-    """What an epoch needs from the device side (:class:`~prefetch._stream_copier.StreamCopier`)."""
+    """What an epoch needs from the device side (:class:`~prefetch._device.copier.StreamCopier`)."""
 
     def to_device(self, host: Any) -> tuple[Any, Any]:
         """Start one batch's copy; return the batch and the event to wait for (or ``None``)."""

@@ -25,7 +25,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from prefetch._tasks import release_source
+from prefetch._threads.tasks import release_source
 
 
 class _Indices:

@@ -2,7 +2,7 @@
 
 It runs on the training loop's thread. :meth:`StreamCopier.to_device`
 starts a batch's copy and :meth:`StreamCopier.hand_over` makes the
-consumer's stream ready for it; :class:`~prefetch._device_iterator.DeviceIterator`
+consumer's stream ready for it; :class:`~prefetch._device.iterator.DeviceIterator`
 calls nothing else.
 
 The stream protocol, for each batch ``k`` (all on the consumer's thread):
@@ -42,9 +42,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from prefetch import _device_ops as device_ops
-from prefetch._device_ops import has_opaque_leaves
-from prefetch._structure import iter_tensors
+from prefetch._device import ops as device_ops
+from prefetch._device.ops import has_opaque_leaves
+from prefetch._shared.structure import iter_tensors
 
 
 class KeepAlive(NamedTuple):

@@ -1,6 +1,6 @@
 """What the engine's threads do with a source: draw in order, run in parallel.
 
-An :class:`~prefetch._engine.Engine` asks its source for work in two steps.
+An :class:`~prefetch._threads.engine.Engine` asks its source for work in two steps.
 :meth:`Tasks.draw` is called by one thread at a time, in order, so the
 source's position (its iterator, its sampler, its checkpoint state) moves
 exactly as in a plain loop. :meth:`Tasks.run` is called outside that order,
@@ -9,7 +9,7 @@ by as many threads as the engine has, and does the slow part.
 * :class:`IteratorTasks`: any iterator. ``draw`` is ``next(source)`` (all the
   work); ``run`` has nothing left to do. One thread: an iterator cannot be
   read in parallel.
-* :class:`~prefetch._parallel_fetch.SamplerTasks`: a map-style DataLoader.
+* :class:`~prefetch._threads.parallel_fetch.SamplerTasks`: a map-style DataLoader.
   ``draw`` takes the next batch of indices from the DataLoader's own
   iterator; ``run`` reads the samples and collates them.
 """

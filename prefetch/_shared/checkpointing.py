@@ -11,7 +11,7 @@ Invariants:
 * **Twins.** Each wrapper class gets, once, a twin: a subclass with the same
   name that adds :class:`Checkpointing`. :func:`adopt_state`, called when a
   wrapper is built, turns it into its twin exactly when
-  :func:`~prefetch._stateful.state_problem` finds the wrapped loader stateful,
+  :func:`~prefetch._shared.stateful.state_problem` finds the wrapped loader stateful,
   and sets ``wrapper._stateful`` accordingly.
 * **Demotion is final.** If the wrapped loader's ``state_dict()`` raises when
   an epoch starts (:func:`read_start_state`), the wrapper goes back to the
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any, SupportsIndex, cast
 
-from prefetch._stateful import NotStatefulError, StateUnavailable, read_state, state_problem
-from prefetch._wrapper import LoaderWrapper
+from prefetch._shared.stateful import NotStatefulError, StateUnavailable, read_state, state_problem
+from prefetch._shared.wrapper import LoaderWrapper
 
 
 def adopt_state(wrapper: LoaderWrapper) -> bool:

@@ -2,8 +2,8 @@
 
 This module holds the loader: arguments, epochs, pass-through and
 checkpoints. The stream protocol (fences, events, memory lifetime) is
-:mod:`prefetch._stream_copier`; one epoch is
-:mod:`prefetch._device_iterator`. ``depth`` batches stay in flight. On the
+:mod:`prefetch._device.copier`; one epoch is
+:mod:`prefetch._device.iterator`. ``depth`` batches stay in flight. On the
 CPU (no accelerator) batches pass through, with ``transform`` applied.
 """
 
@@ -16,20 +16,20 @@ from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
-from prefetch import _device_ops as device_ops
-from prefetch._arguments import check_depth, check_iterable
-from prefetch._background import BackgroundLoader
-from prefetch._checkpointing import adopt_state, read_start_state
-from prefetch._device_iterator import DeviceIterator
-from prefetch._stateful import read_state
-from prefetch._stats import EpochRecord
-from prefetch._stream_copier import StreamCopier
-from prefetch._wrapper import (
+from prefetch._device import ops as device_ops
+from prefetch._device.copier import StreamCopier
+from prefetch._device.iterator import DeviceIterator
+from prefetch._shared.arguments import check_depth, check_iterable
+from prefetch._shared.checkpointing import adopt_state, read_start_state
+from prefetch._shared.stateful import read_state
+from prefetch._shared.stats import EpochRecord
+from prefetch._shared.wrapper import (
     LoaderWrapper,
     one_iterator_reason,
     short_repr,
     warn_consumed,
 )
+from prefetch._threads.loader import BackgroundLoader
 
 T = TypeVar("T")
 Lifetime = Literal["fence", "record_stream"]

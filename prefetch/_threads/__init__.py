@@ -1,0 +1,13 @@
+"""The thread side: :class:`~prefetch.BackgroundLoader` and what runs it.
+
+* :mod:`.loader`: the loader (arguments, epochs) and :mod:`.iterator`, the
+  consumer end of one epoch.
+* :mod:`.engine`: the only place that starts threads; every concurrency
+  invariant is written in its docstring.
+* :mod:`.tasks`: what a thread draws (in order) and runs (in parallel);
+  :mod:`.parallel_fetch`: a DataLoader's batches read in several threads;
+  :mod:`.sampler_seed`: a seeded shuffle started on the caller's thread.
+* :mod:`.policy`: the shape both self-tuning policies share;
+  :mod:`.depth_policy` (``depth="auto"``) and :mod:`.thread_policy`
+  (``fetch_threads="auto"``): their rules.
+"""
