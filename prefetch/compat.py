@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from prefetch._shared.arguments import check_iterable
-from prefetch._shared.stats import EpochRecord
-from prefetch._threads.depth_policy import FixedDepth
+from prefetch._shared.epoch import EpochRecord
+from prefetch._threads.engine import Engine
 from prefetch._threads.iterator import BackgroundIterator
+from prefetch._threads.policy import DEPTH, Fixed
 from prefetch._threads.tasks import IteratorTasks, ProducerSpec
 
 __all__ = ["BackgroundGenerator", "background", "prefetch"]
@@ -115,13 +116,12 @@ class BackgroundGenerator(BackgroundIterator[T]):
                 f"got {preprocess_func!r}"
             )
             raise TypeError(msg)
-        super().__init__(
-            IteratorTasks(iter(generator), owned),
-            EpochRecord(None),
-            control=FixedDepth(depth),
-            max_bytes=None,
-            producer=ProducerSpec(owned=owned, prepare=preprocess_func),
-        )
+        record = EpochRecord(None)
+        tasks = IteratorTasks(iter(generator), owned)
+        producer = ProducerSpec(prepare=preprocess_func)
+        engine = Engine(tasks, producer, record, depth=depth, threads=1, max_bytes=None)
+        super().__init__(engine, record, depth=Fixed(DEPTH, depth))
+        (self._thread,) = engine.threads  # started: the generator's one thread
 
     def next(self) -> T:
         """Return the next item (Python 2 style alias kept for drop-in use)."""
@@ -133,11 +133,11 @@ class BackgroundGenerator(BackgroundIterator[T]):
         The thread ends once the generator is exhausted (or raised) and what
         it produced fits in the buffer, or once the iteration stops early.
         """
-        self._engine.threads[0].join(timeout)
+        self._thread.join(timeout)
 
     def is_alive(self) -> bool:
         """Return whether the thread is still running, as :meth:`threading.Thread.is_alive`."""
-        return self._engine.threads[0].is_alive()
+        return self._thread.is_alive()
 
     def start(self) -> None:
         """Raise :class:`RuntimeError`, as a started :class:`threading.Thread` does.
@@ -150,17 +150,17 @@ class BackgroundGenerator(BackgroundIterator[T]):
     @property
     def daemon(self) -> bool:
         """Whether the thread is a daemon: always ``True``, as in the original (read-only)."""
-        return self._engine.threads[0].daemon
+        return self._thread.daemon
 
     @property
     def name(self) -> str:
         """The thread's name, ``prefetch-N`` (read-only)."""
-        return self._engine.threads[0].name
+        return self._thread.name
 
     @property
     def ident(self) -> int | None:
         """The thread's identifier, as :attr:`threading.Thread.ident`."""
-        return self._engine.threads[0].ident
+        return self._thread.ident
 
 
 def background(

@@ -56,7 +56,7 @@ def simulate(source: Sequence[float], step: float, depth: int | DepthPolicy) -> 
     stats = LoaderStats(started=0.0)
     if policy is not None:
         policy.start_epoch(stats)
-        current = policy.depth
+        current = policy.value
     else:
         current = depth
         stats.depth = stats.peak_depth = depth

@@ -19,6 +19,8 @@ import pytest
 
 from prefetch._threads.engine import Engine
 
+from .processes import wait_until
+
 LIVENESS_SECONDS = 2.0
 """How long a step may make no progress before the test fails (never a speed claim)."""
 
@@ -33,37 +35,50 @@ def producer_frame(thread: threading.Thread) -> str:
     return "ended" if not thread.is_alive() else "outside prefetch"
 
 
+def engine_of(iterator: Any) -> Engine:
+    """The engine of a ``BackgroundIterator`` (the one place tests reach for it)."""
+    engine: Engine = iterator._engine
+    return engine
+
+
+def threads_blocked(engine: Engine) -> bool:
+    """Whether a thread of ``engine`` waits for a ticket (the buffer is full)."""
+    return engine.snapshot().waiting_threads > 0
+
+
 def describe(engine: Engine) -> str:
     """Say where the threads of ``engine`` stand and why, in words."""
-    with engine._lock:
-        in_flight, depth, threads = engine.in_flight, engine.depth, engine.target
-        limit = depth + threads - 1
-        free = max(limit - in_flight, 0)
-        ready = len(engine.results)
-        buffered, largest = engine.buffered_bytes, engine.largest_item
-        waiting = engine._workers_waiting
+    figures = engine.snapshot()
+    in_flight, limit = figures.in_flight, figures.depth + figures.threads - 1
+    free = max(limit - in_flight, 0)
+    waiting = figures.waiting_threads
     where = ", ".join(producer_frame(thread) for thread in engine.threads) or "no thread"
     if waiting:
         text = (
             f"{waiting} of {len(engine.threads)} thread(s) still blocked on a full buffer with "
             f"{free} free slot{'' if free == 1 else 's'} ({in_flight} of {limit} taken"
         )
-        if engine.max_bytes is not None:
+        if figures.max_bytes is not None:
             text += (
-                f"; {buffered} B buffered + largest item {largest} B"
-                f" vs max_bytes {engine.max_bytes}"
+                f"; {figures.buffered_bytes} B buffered + largest item {figures.largest_item} B"
+                f" vs max_bytes {figures.max_bytes}"
             )
         return text + ")"
+    ready = figures.ready
     return f"threads in {where}, {ready} messages ready ({in_flight} of {limit} slots taken)"
 
 
-def wait_for(condition: Callable[[], bool], what: Callable[[], str], timeout: float) -> None:
-    """Poll ``condition`` until true; after ``timeout`` s fail with ``what()`` (the stuck part)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what()} after {timeout} s", pytrace=False)
-        time.sleep(0.002)
+def wait_for(
+    condition: Callable[[], bool], what: str | Callable[[], str], timeout: float = 10.0
+) -> None:
+    """Poll ``condition`` until true; after ``timeout`` s fail saying ``what`` (or ``what()``).
+
+    ``what`` names what was awaited, or (a callable) describes the stuck part
+    at the moment of failing.
+    """
+    if not wait_until(condition, timeout, interval=0.002):
+        text = what() if callable(what) else f"timed out waiting for {what}"
+        pytest.fail(f"{text} after {timeout} s", pytrace=False)
 
 
 def take(iterator: Iterator[Any], timeout: float = LIVENESS_SECONDS) -> Any:
@@ -77,7 +92,7 @@ def take(iterator: Iterator[Any], timeout: float = LIVENESS_SECONDS) -> Any:
 
     def watchdog() -> None:
         engine = getattr(iterator, "_engine", None)
-        if engine is not None:
+        if isinstance(engine, Engine):
             stuck.append(describe(engine))
         else:
             stuck.append("next() not returning")

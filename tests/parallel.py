@@ -208,12 +208,3 @@ def assert_same_outcomes(actual: list[tuple[str, Any]], expected: list[tuple[str
             assert_same(a, e, f"outcome {i}")
         else:
             assert a is e, f"outcome {i}: {a!r} is not {e!r}"
-
-
-def wait_for(condition: Any, what: str, timeout: float = WAIT_SECONDS) -> None:
-    """Poll ``condition()`` until true; fail saying ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)

@@ -86,15 +86,23 @@ def rss_mb() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
-    """Poll ``condition`` (collecting garbage) until true or ``timeout``; return the last value."""
+def wait_until(
+    condition: Callable[[], bool], timeout: float, interval: float = 0.02, *, collect: bool = True
+) -> bool:
+    """Poll ``condition`` until true or ``timeout``; return the last value.
+
+    The one polling loop of the tests (``liveness.wait_for`` fails through
+    it). With ``collect`` it runs the garbage collector between polls; leave
+    it off where what is checked must happen without the collector's help.
+    """
     deadline = time.monotonic() + timeout
     while True:
         if condition():
             return True
         if time.monotonic() > deadline:
             return False
-        gc.collect()
+        if collect:
+            gc.collect()
         time.sleep(interval)
 
 

@@ -16,7 +16,6 @@ import torch
 
 from prefetch import BackgroundLoader, LoaderStats
 from prefetch._threads.depth_policy import (
-    DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
     MIN_SAMPLES,
     MIN_WAIT_STEPS,
@@ -27,8 +26,9 @@ from prefetch._threads.depth_policy import (
 )
 from prefetch._threads.engine import Engine
 from prefetch._threads.iterator import REPORT_EVERY
+from prefetch._threads.loader import DEFAULT_MAX_BYTES
 
-from .liveness import consume
+from .liveness import consume, engine_of
 from .processes import prefetch_threads, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -147,7 +147,7 @@ class TestAdaptsWithThreads:
         assert stats.depth == grown == stats.peak_depth
         second = iter(loader)
         assert second.stats.depth == grown
-        assert second._engine.depth == grown
+        assert engine_of(second).snapshot().depth == grown
         assert list(second) == list(range(20))
 
     def test_complete_and_in_order(self) -> None:
@@ -186,10 +186,7 @@ class TestAdaptsWithThreads:
                 break
         assert loader.depth > START_DEPTH
         loader.close()
-        deadline = time.monotonic() + 2.0
-        while prefetch_threads() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert prefetch_threads() == []
+        assert wait_until(lambda: not prefetch_threads(), 2.0, collect=False)
 
 
 # ------------------------------------------------------------------------------ memory bound
@@ -203,7 +200,8 @@ def posts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
     def spy(self: Engine, *args: Any) -> bool:
         took_next = original(self, *args)
-        seen.append((self.in_flight - took_next, self.buffered_bytes))
+        figures = self.snapshot()
+        seen.append((figures.in_flight - took_next, figures.buffered_bytes))
         return took_next
 
     monkeypatch.setattr(Engine, "_post", spy)
@@ -299,12 +297,17 @@ class TestMemoryBound:
         it = iter(loader)
         next(it)
         deadline = time.monotonic() + 5.0  # the producer fills the budget and blocks
-        engine = it._engine
-        while not (engine._workers_waiting and engine.in_flight == 2):
+        engine = engine_of(it)
+
+        def blocked() -> bool:
+            figures = engine.snapshot()
+            return figures.waiting_threads > 0 and figures.in_flight == 2
+
+        while not blocked():
             assert time.monotonic() < deadline, "the producer never filled the byte budget"
             time.sleep(0.005)
         time.sleep(0.05)  # blocked: it takes no third item (2 MiB: bytes, not depth 8)
-        assert engine._workers_waiting and engine.in_flight == 2
+        assert blocked()
         started = time.monotonic()
         it.close()
         assert time.monotonic() - started < 1.0

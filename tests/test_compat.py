@@ -13,7 +13,7 @@ import pytest
 
 from prefetch import compat
 
-from .processes import prefetch_threads
+from .processes import prefetch_threads, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -183,10 +183,7 @@ class TestWhereTheOriginalFails:
                 break
         del ours
         gc.collect()
-        deadline = time.monotonic() + 2
-        while prefetch_threads() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert prefetch_threads() == []
+        assert wait_until(lambda: not prefetch_threads(), 2.0, collect=False)
 
     @pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(2)])
     def test_base_exception_truncates_the_original(self, error: BaseException) -> None:

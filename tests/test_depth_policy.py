@@ -106,7 +106,7 @@ class TestFirstItem:
         """A long wait on the first item, with a blocked producer, is ignored."""
         feed = Feed()
         assert feed.burst(100.0, blocked=50.0) is None
-        assert feed.policy.depth == START_DEPTH
+        assert feed.policy.value == START_DEPTH
         assert feed.stats.depth_events == []
 
     def test_first_wait_of_a_later_epoch(self) -> None:
@@ -135,7 +135,7 @@ class TestGrowOnWait:
         feed = Feed()
         feed.warm_up()
         assert feed.burst(6.0) == 8
-        assert feed.policy.depth == feed.stats.depth == feed.stats.peak_depth == 8
+        assert feed.policy.value == feed.stats.depth == feed.stats.peak_depth == 8
         (event,) = feed.stats.depth_events
         assert event == DepthEvent(
             item=9,
@@ -154,7 +154,7 @@ class TestGrowOnWait:
         feed.warm_up(step=0.0)
         new = feed.hand_off(step=0.0, waited=1.0, ready=0, blocked=0.0, source=0.0)
         assert new is not None and 2 < new <= DEFAULT_MAX_DEPTH
-        assert feed.policy.depth == new
+        assert feed.policy.value == new
 
     def test_partial_steps_round_up(self) -> None:
         """A wait of 4.5 steps grows by 5."""
@@ -196,7 +196,7 @@ class TestGrowOnWait:
         assert feed.burst(6.0) is None
         assert feed.hand_off() is None
         assert feed.burst(6.0) is None
-        assert feed.policy.depth == 5
+        assert feed.policy.value == 5
         assert [(e.old, e.new, e.reason) for e in feed.stats.depth_events[1:]] == [
             (5, 5, "hold: at max_depth (5)")
         ]
@@ -217,7 +217,7 @@ class TestGrowOnWait:
         feed = Feed(DepthPolicy(maximum=32, max_bytes=1000))
         feed.warm_up(largest=5000)
         assert feed.burst(6.0, largest=5000) is None
-        assert feed.policy.depth == 2
+        assert feed.policy.value == 2
         assert feed.stats.depth_events[-1].reason == "hold: at max_bytes (1 items of 5000 bytes)"
 
     def test_unknown_item_size_is_not_capped_by_bytes(self) -> None:
@@ -276,7 +276,7 @@ class TestNoGrowth:
         feed = Feed()
         feed.warm_up()
         assert feed.burst(MIN_WAIT_STEPS * 0.9, blocked=0.75) is None
-        assert feed.policy.depth == 2
+        assert feed.policy.value == 2
         assert feed.stats.depth_events == []
         assert feed.burst(MIN_WAIT_STEPS, blocked=0.75) == 3
 
@@ -295,14 +295,14 @@ class TestNoGrowth:
         feed = Feed()
         feed.warm_up(fetched=0)
         assert feed.burst(6.0, fetched=MIN_SAMPLES - 1) is None
-        assert feed.policy.depth == 2
+        assert feed.policy.value == 2
 
     def test_slower_producer_holds(self) -> None:
         """A producer slower on average that never got ahead holds, with the means in the reason."""
         feed = Feed()
         feed.warm_up(source=1.25, blocked=0.0)
         assert feed.burst(6.0, source=1.25) is None
-        assert feed.policy.depth == 2
+        assert feed.policy.value == 2
         assert feed.stats.depth_events == [DepthEvent(9, 15.0, 2, 2, SLOWER)]
 
     def test_slower_producer_that_got_ahead_grows_by_the_headroom(self) -> None:
@@ -362,14 +362,14 @@ class TestNoGrowth:
         assert feed.burst(6.0) is None
         assert feed.hand_off(blocked=0.0) is None
         assert feed.burst(6.0) is None
-        assert feed.policy.depth == 2
+        assert feed.policy.value == 2
         assert feed.stats.depth_events == [DepthEvent(9, 15.0, 2, 2, NEVER_FULL)]
 
     def test_blocked_before_the_last_wait_does_not_count(self) -> None:
         """Blocked time before the buffer last ran dry is spent: only newer blocking grows."""
         feed = grown_to_8()  # the warm-up's 6 s of blocking went into this growth
         assert feed.burst(6.0) is None
-        assert feed.policy.depth == 8
+        assert feed.policy.value == 8
         assert feed.stats.depth_events[-1].reason == NEVER_FULL
         assert feed.hand_off(blocked=2.0) is None
         assert feed.burst(6.0) == 14
@@ -401,7 +401,7 @@ class TestShrink:
         feed.ready(8, 60)
         feed.ready(2, 1)
         assert feed.ready(8, SHRINK_WINDOW - 61) == [None] * (SHRINK_WINDOW - 61)
-        assert feed.policy.depth == 8
+        assert feed.policy.value == 8
         assert feed.ready(8, SHRINK_WINDOW)[-1] == 5  # the next window, full throughout, does
 
     def test_a_wait_restarts_the_window(self) -> None:
@@ -419,7 +419,7 @@ class TestShrink:
         assert feed.hand_off(ready=1) == 3
         assert feed.ready(10, SHRINK_WINDOW)[-1] == START_DEPTH
         assert feed.ready(10, 3 * SHRINK_WINDOW) == [None] * (3 * SHRINK_WINDOW)
-        assert feed.policy.depth == START_DEPTH
+        assert feed.policy.value == START_DEPTH
 
     def test_window_is_four_times_a_large_depth(self) -> None:
         """Above depth 32 the window is 4 * depth hand-offs, not SHRINK_WINDOW."""
@@ -432,7 +432,7 @@ class TestShrink:
     def test_small_maximum_is_the_minimum(self) -> None:
         """With max_depth below the start depth, the depth starts (and stays) at max_depth."""
         feed = Feed(DepthPolicy(maximum=1, max_bytes=None))
-        assert feed.stats.depth == feed.policy.depth == 1
+        assert feed.stats.depth == feed.policy.value == 1
         feed.warm_up()
         assert feed.burst(6.0) is None
         assert feed.stats.depth_events[-1].reason == "hold: at max_depth (1)"
@@ -465,7 +465,7 @@ class TestStatsAndReasons:
         """stats.depth follows the policy; peak_depth keeps the highest of the epoch."""
         feed = grown_to_8()
         feed.ready(8, SHRINK_WINDOW)
-        assert (feed.stats.depth, feed.stats.peak_depth, feed.policy.depth) == (5, 8, 5)
+        assert (feed.stats.depth, feed.stats.peak_depth, feed.policy.value) == (5, 8, 5)
         assert [(e.old, e.new) for e in feed.stats.depth_events] == [(2, 8), (8, 5)]
 
     def test_event_position(self) -> None:

@@ -108,7 +108,7 @@ class TestSimulatedTraces:
         """After bursts grew it to 9, a fast smooth epoch shrinks it to 2: 9 -> 6 -> 4 -> 3 -> 2."""
         policy = auto()
         sim.simulate(sim.bursty(400), 1.0, policy)
-        assert policy.depth == 9
+        assert policy.value == 9
         run = sim.simulate([0.125] * 1000, 1.0, policy)
         assert [(e.item, e.old, e.new) for e in run.stats.depth_events] == [
             (SHRINK_WINDOW + 1, 9, 6),  # 8 stayed ready (the epoch's second item): 6 unused

@@ -15,7 +15,7 @@ import torch
 from prefetch import BackgroundLoader
 from prefetch._threads import engine as engine_module
 
-from .liveness import consume, describe, take, wait_for
+from .liveness import consume, describe, engine_of, take, threads_blocked, wait_for
 
 LIVENESS = 2.0
 
@@ -47,10 +47,12 @@ class TestWakeUps:
         """Raising the depth wakes a producer blocked on the old one."""
         iterator = iter(BackgroundLoader(range(10), depth=1))
         try:
-            engine = iterator._engine
-            wait_for(lambda: engine._workers_waiting > 0, lambda: describe(engine), LIVENESS)
+            engine = engine_of(iterator)
+            wait_for(
+                lambda: engine.snapshot().waiting_threads > 0, lambda: describe(engine), LIVENESS
+            )
             engine.set_depth(3)
-            wait_for(lambda: len(engine.results) == 3, lambda: describe(engine), LIVENESS)
+            wait_for(lambda: engine.snapshot().ready == 3, lambda: describe(engine), LIVENESS)
             assert [take(iterator, LIVENESS) for _ in range(3)] == [0, 1, 2]
         finally:
             iterator.close()
@@ -58,9 +60,9 @@ class TestWakeUps:
     def test_stop_wakes_the_producer(self) -> None:
         """close() ends a producer blocked on a full buffer, well before its next poll."""
         iterator = iter(BackgroundLoader(range(10), depth=1))
-        engine = iterator._engine
+        engine = engine_of(iterator)
         (thread,) = engine.threads
-        wait_for(lambda: engine._workers_waiting > 0, lambda: describe(engine), LIVENESS)
+        wait_for(lambda: threads_blocked(engine), lambda: describe(engine), LIVENESS)
         iterator.close()
         wait_for(lambda: not thread.is_alive(), lambda: describe(engine), LIVENESS)
 
@@ -85,8 +87,10 @@ class TestDescribe:
         """The description gives depth, slots taken and free, bytes and the budget."""
         iterator = iter(BackgroundLoader([torch.zeros(256)] * 4, depth=2, max_bytes=4096))
         try:
-            engine = iterator._engine
-            wait_for(lambda: engine._workers_waiting > 0, lambda: describe(engine), LIVENESS)
+            engine = engine_of(iterator)
+            wait_for(
+                lambda: engine.snapshot().waiting_threads > 0, lambda: describe(engine), LIVENESS
+            )
             assert describe(engine) == (
                 "1 of 1 thread(s) still blocked on a full buffer with 0 free slots "
                 "(2 of 2 taken; 2048 B buffered + largest item 1024 B vs max_bytes 4096)"

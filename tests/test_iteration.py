@@ -6,7 +6,6 @@ Every stack must give the loop what the unwrapped loader gives it.
 from __future__ import annotations
 
 import gc
-import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -18,7 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
-from .processes import prefetch_threads
+from .processes import prefetch_threads, wait_until
 
 STACKS: dict[str, Callable[[Any], Any]] = {
     "background": lambda loader: BackgroundLoader(loader, depth=2),
@@ -259,10 +258,7 @@ class TestErrorsDoNotEndTheEpoch:
             for _ in loader:
                 pass
         held = caught.value
-        deadline = time.monotonic() + 10
-        while torch.multiprocessing.active_children() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert torch.multiprocessing.active_children() == []
+        assert wait_until(lambda: not torch.multiprocessing.active_children(), 10, collect=False)
         assert held.__traceback__ is not None
 
 

@@ -26,6 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from prefetch import BackgroundLoader
 from prefetch._threads.engine import Engine
 
+from .liveness import engine_of, wait_for
 from .parallel import (
     THREAD_COUNTS,
     Abort,
@@ -35,7 +36,6 @@ from .parallel import (
     assert_same_batches,
     assert_same_outcomes,
     outcomes,
-    wait_for,
 )
 from .processes import prefetch_threads, settle
 
@@ -107,11 +107,11 @@ class TestReadyCount:
         dataset = Gated(20, only={0, *range(5, 20)})  # 1..4 read at once; 0 and 5.. wait
         loader = BackgroundLoader(DataLoader(dataset), depth=4, fetch_threads=2)
         iterator = iter(loader)
-        engine = iterator._engine
+        engine = engine_of(iterator)
         try:
-            wait_for(lambda: len(engine.results) == 4, "batches 1..4 posted")
+            wait_for(lambda: engine.snapshot().ready == 4, "batches 1..4 posted")
             dataset.gate.set()  # batch 0 now, after them; 5.. too, but no ticket is free
-            wait_for(lambda: len(engine.results) == 5, "batch 0 posted")
+            wait_for(lambda: engine.snapshot().ready == 5, "batch 0 posted")
             dataset.gate.clear()  # batches 5.. wait again
             readies = []
             for index in range(5):
@@ -187,7 +187,9 @@ class TestFirstRound:
         start = Engine.start
 
         def spy(self: Engine) -> None:
-            known.append(self.largest_item)  # before any thread runs: only the hint counts
+            known.append(
+                self.snapshot().largest_item
+            )  # before any thread runs: only the hint counts
             start(self)
 
         monkeypatch.setattr(Engine, "start", spy)

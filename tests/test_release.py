@@ -152,10 +152,6 @@ class SlowToRelease:
             self.index += 1
             return self.index - 1
 
-        def _raised_by_source(self, error: BaseException) -> bool:
-            # As a BackgroundIterator says of its producer's error: queue it, do not raise now.
-            return error is self.error
-
         def close(self) -> None:
             time.sleep(self.owner.delay)
             self.owner.released.set()
@@ -197,7 +193,9 @@ class TestDeviceEarlyRelease:
         """The source is closed, and never asked again, while batches before its error wait."""
         fake_device.install(monkeypatch)
         source = SlowToRelease(fail_at=3, delay=0.0)
-        prefetcher = CudaPrefetcher(source, depth=3)
+        # The producer's Fatal reaches the device iterator as its source's own error (queued
+        # in its place), not as an interrupt on the loop's thread.
+        prefetcher = CudaPrefetcher(BackgroundLoader(source, depth=4), depth=3)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors: expected here
             iterator = iter(prefetcher)

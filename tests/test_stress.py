@@ -10,7 +10,6 @@ import gc
 import multiprocessing
 import os
 import random
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -25,7 +24,14 @@ from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._shared.wrapper import one_iterator_reason
 
 from .errors import make_errors
-from .processes import live_child_pids, os_thread_count, prefetch_threads, rss_mb, settle
+from .processes import (
+    live_child_pids,
+    os_thread_count,
+    prefetch_threads,
+    rss_mb,
+    settle,
+    wait_until,
+)
 from .sources import FailingIterable, Tracked, failing_gen
 
 FULL = os.environ.get("PREFETCH_STRESS", "").lower() == "full"
@@ -413,17 +419,7 @@ class TestLiveBatches:
             if index == 5:
                 break
         del _batch
-        assert self._wait_for(lambda: count_live(refs) == 0 and not prefetch_threads())
-
-    @staticmethod
-    def _wait_for(condition: Callable[[], bool]) -> bool:
-        deadline = time.monotonic() + 3
-        while not condition():
-            if time.monotonic() > deadline:
-                return False
-            gc.collect()
-            time.sleep(0.01)
-        return True
+        assert wait_until(lambda: count_live(refs) == 0 and not prefetch_threads(), 3.0)
 
     @staticmethod
     def _consume(loader: Any, refs: list[weakref.ref[Any]], bound: int) -> int:
@@ -440,11 +436,5 @@ class TestLiveBatches:
                 assert live <= bound, f"{live} batches alive, bound {bound}"
         assert checks > 0
         del batch
-        assert TestLiveBatches._wait_for(lambda: count_live(refs) == 0)
+        assert wait_until(lambda: count_live(refs) == 0, 3.0)
         return peak
-
-
-def test_stress_mode_is_reported() -> None:
-    """The soak size follows PREFETCH_STRESS (full: several hundred epochs)."""
-    assert (3000 if FULL else 150) == EPOCHS
-    assert threading.current_thread() is threading.main_thread()

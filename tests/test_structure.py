@@ -14,7 +14,6 @@ from prefetch._shared.structure import (
     get_item,
     iter_tensors,
     map_leaves,
-    map_tensors,
     replace_item,
     tensor_nbytes,
 )
@@ -58,7 +57,7 @@ class TestMapLeaves:
         """dict, OrderedDict and defaultdict (with its factory) survive."""
         default: defaultdict[str, Any] = defaultdict(list, {"t": torch.zeros(1)})
         batch = {"o": OrderedDict(a=torch.zeros(1)), "d": default}
-        out = map_tensors(plus_one, batch)
+        out = map_leaves(plus_one, batch)
         assert type(out["o"]) is OrderedDict and out["o"]["a"].item() == 1
         assert type(out["d"]) is defaultdict and out["d"].default_factory is list
         assert out["d"]["t"].item() == 1
@@ -66,7 +65,7 @@ class TestMapLeaves:
     def test_sequences_keep_their_type(self) -> None:
         """list, tuple, named tuples and list subclasses survive."""
         batch = [Pair(torch.zeros(1), "s"), Typed(torch.ones(1), 3), (torch.zeros(1),), MyList([1])]
-        out = map_tensors(plus_one, batch)
+        out = map_leaves(plus_one, batch)
         assert type(out[0]) is Pair and out[0].x.item() == 1 and out[0].y == "s"
         assert type(out[1]) is Typed and out[1].image.item() == 2 and out[1].label == 3
         assert type(out[2]) is tuple and out[2][0].item() == 1
@@ -75,24 +74,24 @@ class TestMapLeaves:
     def test_dataclasses(self) -> None:
         """Dataclasses, frozen ones too, are rebuilt without re-running __post_init__."""
         sample = Sample(torch.zeros(2), {"id": 4})
-        out = map_tensors(plus_one, sample)
+        out = map_leaves(plus_one, sample)
         assert type(out) is Sample and out is not sample
         assert out.image.tolist() == [1.0, 1.0] and out.meta == {"id": 4}
         assert out.derived == 1
-        frozen = map_tensors(plus_one, Frozen(torch.zeros(1), [torch.zeros(1)]))
+        frozen = map_leaves(plus_one, Frozen(torch.zeros(1), [torch.zeros(1)]))
         assert type(frozen) is Frozen and frozen.a.item() == 1 and frozen.b[0].item() == 1
 
     def test_other_leaves_untouched(self) -> None:
         """Strings, numbers, None and unknown objects pass through as the same object."""
         marker = object()
         batch = {"s": "text", "n": 3, "none": None, "obj": marker, "b": b"x"}
-        out = map_tensors(plus_one, batch)
+        out = map_leaves(plus_one, batch)
         assert out == batch and out["obj"] is marker
 
     def test_input_not_modified(self) -> None:
         """The original batch is left as it was."""
         batch = {"x": [torch.zeros(1)]}
-        map_tensors(plus_one, batch)
+        map_leaves(plus_one, batch)
         assert batch["x"][0].item() == 0
 
     def test_leaf_order(self) -> None:

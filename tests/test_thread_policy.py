@@ -1,4 +1,4 @@
-"""ThreadPolicy and FixedThreads: exact decisions on an injected clock, and simulated traces.
+"""ThreadPolicy and a fixed count: exact decisions on an injected clock, and simulated traces.
 
 :class:`Feed` scripts the cumulative figures the engine reports after each
 hand-off; every value is a binary fraction, so rates, shares and the
@@ -22,13 +22,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader
 from prefetch._shared.stats import LoaderStats, ThreadEvent
+from prefetch._threads.policy import THREADS, Control, Fixed
 from prefetch._threads.thread_policy import (
     DEFAULT_MAX_THREADS,
     MAX_GROWTH,
     MIN_WINDOW_ITEMS,
     START_THREADS,
-    FixedThreads,
-    ThreadControl,
     ThreadPolicy,
     available_cores,
     needed_gain,
@@ -103,11 +102,11 @@ def grown_to_eight() -> Feed:
 
 
 class TestFixedThreads:
-    """FixedThreads: a count that never changes, behind the ThreadControl interface."""
+    """A fixed count never changes, behind the Control interface."""
 
     def test_never_changes(self) -> None:
         """Whatever the report, observe returns None and the count stays."""
-        control = FixedThreads(3)
+        control = Fixed(THREADS, 3)
         stats = LoaderStats(started=0.0)
         control.start_epoch(stats)
         for i in range(1, 200):
@@ -122,12 +121,12 @@ class TestFixedThreads:
                 )
                 is None
             )
-        assert (control.threads, control.maximum, control.adaptive) == (3, 3, False)
+        assert (control.value, control.maximum, control.adaptive) == (3, 3, False)
         assert (stats.fetch_threads, stats.peak_fetch_threads, stats.thread_events) == (3, 3, [])
 
     def test_start_epoch_sets_stats(self) -> None:
         """Each epoch's stats get the count, now and at peak."""
-        control = FixedThreads(5)
+        control = Fixed(THREADS, 5)
         for _ in range(2):
             stats = LoaderStats()
             control.start_epoch(stats)
@@ -135,21 +134,21 @@ class TestFixedThreads:
 
     def test_is_a_thread_control(self) -> None:
         """Both classes satisfy the interface the engine is written against."""
-        controls: list[ThreadControl] = [FixedThreads(1), ThreadPolicy()]
+        controls: list[Control] = [Fixed(THREADS, 1), ThreadPolicy()]
         assert [c.adaptive for c in controls] == [False, True]
 
     @pytest.mark.parametrize(
         ("value", "error", "text"),
         [
-            (0, ValueError, "FixedThreads(threads=...) expects an int >= 1, got 0"),
-            (2.0, TypeError, "FixedThreads(threads=...) expects an int >= 1, got 2.0"),
-            (True, TypeError, "FixedThreads(threads=...) expects an int >= 1, got True"),
+            (0, ValueError, "Fixed(fetch_threads=...) expects an int >= 1, got 0"),
+            (2.0, TypeError, "Fixed(fetch_threads=...) expects an int >= 1, got 2.0"),
+            (True, TypeError, "Fixed(fetch_threads=...) expects an int >= 1, got True"),
         ],
     )
     def test_bad_count(self, value: object, error: type[Exception], text: str) -> None:
         """A count that is not an int >= 1 is refused, naming the argument and the value."""
         with pytest.raises(error) as caught:
-            FixedThreads(value)  # type: ignore[arg-type]
+            Fixed(THREADS, value)  # type: ignore[arg-type]
         assert str(caught.value) == text
 
 
@@ -159,20 +158,20 @@ class TestConstruction:
     def test_defaults(self) -> None:
         """Start at 2 threads, at most 32, on the cores this process may use, no byte bound."""
         policy = ThreadPolicy()
-        assert (policy.threads, policy.maximum, policy.max_bytes) == (2, 32, None)
+        assert (policy.value, policy.maximum, policy.max_bytes) == (2, 32, None)
         assert (START_THREADS, DEFAULT_MAX_THREADS) == (2, 32)
         assert policy.cores == available_cores() == len(os.sched_getaffinity(0))
         assert policy.adaptive is True
 
     def test_start_capped_by_maximum(self) -> None:
         """The first count never exceeds the maximum."""
-        assert ThreadPolicy(maximum=1).threads == 1
-        assert ThreadPolicy(maximum=4, start=8).threads == 4
-        assert ThreadPolicy(start=6).threads == 6
+        assert ThreadPolicy(maximum=1).value == 1
+        assert ThreadPolicy(maximum=4, start=8).value == 4
+        assert ThreadPolicy(start=6).value == 6
 
     def test_drives_the_latest_epoch(self) -> None:
-        """The policy adapts the epoch it last started; FixedThreads adapts none."""
-        policy, fixed = ThreadPolicy(), FixedThreads(2)
+        """The policy adapts the epoch it last started; a fixed count adapts none."""
+        policy, fixed = ThreadPolicy(), Fixed(THREADS, 2)
         first, second = LoaderStats(), LoaderStats()
         for control in (policy, fixed):
             control.start_epoch(first)
@@ -226,14 +225,14 @@ class TestGrowth:
     def test_grows_at_most_fourfold(self) -> None:
         """Waiting 75% would call for 12 threads; one step grows by at most 4x, to 8."""
         feed = grown_to_eight()
-        assert (feed.policy.threads, MAX_GROWTH) == (8, 4)
+        assert (feed.policy.value, MAX_GROWTH) == (8, 4)
         assert (feed.stats.fetch_threads, feed.stats.peak_fetch_threads) == (8, 8)
 
     def test_no_growth_when_the_loop_does_not_wait(self) -> None:
         """A loop waiting under 10% of the time is not held up: nothing grows, nothing is said."""
         feed = Feed()
         assert feed.batches(500, wait=0.046875) == []  # 9.4% of each 0.5 s
-        assert feed.policy.threads == 2
+        assert feed.policy.value == 2
         assert feed.stats.thread_events == []
 
     def test_keeps_a_growth_that_pays_and_grows_on(self) -> None:
@@ -432,7 +431,7 @@ class TestEpochs:
         for _ in range(4):
             feed.epoch()
             feed.batches(5)
-        assert feed.policy.threads == 8
+        assert feed.policy.value == 8
 
 
 def fixed_best(workload: sim.Workload, step: float) -> float:
@@ -635,10 +634,10 @@ class TestProperties:
         """Counts within bounds, events explain every change, holds said once, probes back off."""
         workload, step = case
         policy = ThreadPolicy(cores=workload.cores, maximum=maximum)
-        count = policy.threads
+        count = policy.value
         reverts = 0
         for _ in range(epochs):
-            start = policy.threads
+            start = policy.value
             run = sim.simulate(workload, step, policy)
             assert all(1 <= c <= maximum for c in run.counts)
             if workload.io_limit == math.inf:  # no I/O contention: the CPU share is exact
@@ -651,7 +650,7 @@ class TestProperties:
             for event in changes:
                 assert event.old == count
                 count = event.new
-            assert count == run.counts[-1] == run.stats.fetch_threads == policy.threads
+            assert count == run.counts[-1] == run.stats.fetch_threads == policy.value
             assert run.stats.peak_fetch_threads == max([start, *run.counts])
             reverts += sum(e.reason.startswith("revert") for e in changes)
         # after the k-th failed probe the next one waits 2**k windows: k <= log2(windows + 2)

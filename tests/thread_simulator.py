@@ -102,7 +102,7 @@ def simulate(
     if isinstance(threads, ThreadPolicy):
         policy = threads
         policy.start_epoch(stats)
-        count = policy.threads
+        count = policy.value
     else:
         count = threads
     seconds = workload.seconds

@@ -33,8 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from prefetch._shared.stats import EpochRecord, LoaderStats
-from prefetch._threads.tasks import release_source
+from prefetch._shared.epoch import EpochIterator, EpochRecord, raised_by_source, release_source
 
 T = TypeVar("T")
 
@@ -64,13 +63,22 @@ class Failure(NamedTuple):
     final: bool  # the epoch ends with it (a BaseException from the source)
 
 
-def _raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
-    """Whether a ``BaseException`` came from the producer (not from this thread)."""
-    check = getattr(source, "_raised_by_source", None)
-    return bool(check(error)) if callable(check) else False
+class SourceRelease:
+    """What stops an epoch without its iterator: releasing its source (see ``Stoppable``)."""
+
+    def __init__(self, release: weakref.finalize[Any, Any]) -> None:
+        self._release = release
+
+    def stop(self) -> None:
+        """Release the source (once; later calls do nothing)."""
+        self._release()
+
+    def join(self, *, timeout: float, stuck_grace: float) -> bool:
+        """Nothing to wait for: no thread of its own (a source's threads stop on release)."""
+        return True
 
 
-class DeviceIterator(Iterator[T]):
+class DeviceIterator(EpochIterator[T]):
     """One epoch of a :class:`~prefetch.CudaPrefetcher`; created by ``iter(prefetcher)``.
 
     Example:
@@ -86,40 +94,29 @@ class DeviceIterator(Iterator[T]):
     def __init__(
         self,
         source: Iterator[Any],
-        epoch: EpochRecord,
+        record: EpochRecord,
         *,
         copier: Copier,
         depth: int,
         read_state: Callable[[], Any] | None,
-        on_source_end: Callable[[], None],
         owned: bool,
     ) -> None:
         self._copier = copier
         self._depth = depth
         self._read_state = read_state
-        self._on_source_end = on_source_end
         self._source: Iterator[Any] | None = source
-        self._epoch = epoch
+        self._record = record
         self._pending: deque[InFlight | Failure] = deque()
         self._ended = False  # the source raised StopIteration
         self._end_state: Any = None
-        self._invalid: str | None = None  # why a newer epoch stopped this one
         self._releaser = weakref.finalize(self, release_source, source, owned)
         self._releaser.atexit = False
-
-    @property
-    def stats(self) -> LoaderStats:
-        """This epoch's :class:`~prefetch.LoaderStats`."""
-        return self._epoch.stats
-
-    def __iter__(self) -> DeviceIterator[T]:
-        return self
+        self._stopper = SourceRelease(self._releaser)
 
     def __next__(self) -> T:
         if self._invalid is not None:
-            reason, self._invalid = self._invalid, None
-            raise RuntimeError(reason)
-        stats = self._epoch.stats
+            self._end()
+        stats = self._record.stats
         started = time.perf_counter()
         try:
             self._fill(1)
@@ -127,7 +124,7 @@ class DeviceIterator(Iterator[T]):
                 if self._ended:
                     self._ended = False
                     if self._read_state is not None:
-                        self._epoch.state = self._end_state  # the next epoch
+                        self._record.state = self._end_state  # the next epoch
                 self._finish()
                 raise StopIteration
             entry = self._pending[0]
@@ -149,7 +146,7 @@ class DeviceIterator(Iterator[T]):
                 self._fill(1 + self._depth)
                 self._copier.hand_over(entry.batch, entry.event)
             self._pending.popleft()
-            self._epoch.state = entry.state
+            self._record.state = entry.state
             stats.items += 1
             return entry.batch  # type: ignore[no-any-return]  # InFlight holds Any
         finally:
@@ -164,7 +161,7 @@ class DeviceIterator(Iterator[T]):
             del self  # a traceback may keep this frame (see the module invariants)
 
     def _load_one(self, source: Iterator[Any]) -> None:
-        stats = self._epoch.stats
+        stats = self._record.stats
         fetch_started = time.perf_counter()
         try:
             try:
@@ -178,12 +175,11 @@ class DeviceIterator(Iterator[T]):
         except StopIteration:
             read_state = self._read_state
             self._end_state = read_state() if read_state is not None else None
-            self._ended = True
-            self._on_source_end()
+            self._ended = self._record.source_ended = True
             self._release()
         except BaseException as error:
             final = not isinstance(error, Exception)
-            if final and not _raised_by_source(source, error):
+            if final and not raised_by_source(source, error):
                 raise  # Ctrl-C or a timeout on this thread: raise now; the queue stays intact
             if final:
                 self._release()
@@ -195,29 +191,12 @@ class DeviceIterator(Iterator[T]):
         self._source = None
         self._releaser()  # once: later calls do nothing
 
-    def _invalidate(self, reason: str) -> None:
-        """Stop this epoch because a newer one cannot run beside it.
-
-        The next ``next()`` raises ``RuntimeError(reason)``, later ones
-        ``StopIteration``. Nothing happens if the epoch is already over.
-        """
-        if self._source is not None or self._pending:
-            self._invalid = reason
-        self._finish()
+    def _is_over(self) -> bool:
+        return self._source is None and not self._pending
 
     def _finish(self) -> None:
-        stats = self._epoch.stats
+        stats = self._record.stats
         if stats.finished is None:
             stats.finished = time.perf_counter()
         self._pending.clear()
         self._release()
-
-    def close(self) -> None:
-        """Drop the batches in flight and release (close) the source iterator."""
-        self._finish()
-
-    def __enter__(self) -> DeviceIterator[T]:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

@@ -1,17 +1,16 @@
 """``CudaPrefetcher``: copy the next batches to the GPU on a side stream.
 
-This module holds the loader: arguments, epochs, pass-through and
-checkpoints. The stream protocol (fences, events, memory lifetime) is
-:mod:`prefetch._device.copier`; one epoch is
-:mod:`prefetch._device.iterator`. ``depth`` batches stay in flight. On the
-CPU (no accelerator) batches pass through, with ``transform`` applied.
+This module holds the loader: its arguments and what each epoch runs.
+Opening and stopping epochs is :class:`~prefetch._shared.wrapper.LoaderWrapper`'s.
+The stream protocol (fences, events, memory lifetime) is
+:mod:`prefetch._device.copier`; one epoch is :mod:`prefetch._device.iterator`.
+``depth`` batches stay in flight. On the CPU (no accelerator) batches pass
+through, with ``transform`` applied.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
@@ -20,15 +19,9 @@ from prefetch._device import ops as device_ops
 from prefetch._device.copier import StreamCopier
 from prefetch._device.iterator import DeviceIterator
 from prefetch._shared.arguments import check_depth, check_iterable
-from prefetch._shared.checkpointing import adopt_state, read_start_state
-from prefetch._shared.stateful import read_state
-from prefetch._shared.stats import EpochRecord
-from prefetch._shared.wrapper import (
-    LoaderWrapper,
-    one_iterator_reason,
-    short_repr,
-    warn_consumed,
-)
+from prefetch._shared.checkpointing import adopt_state
+from prefetch._shared.epoch import EpochRecord
+from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.loader import BackgroundLoader
 
 T = TypeVar("T")
@@ -96,7 +89,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
                 f"CudaPrefetcher(lifetime=...) expects 'fence' or 'record_stream', got {lifetime!r}"
             )
             raise ValueError(msg)
-        self._loader = loader
+        super().__init__(loader)
         self._transform = transform
         self._lifetime = lifetime
         self._device = device_ops.resolve_device(device)
@@ -107,13 +100,9 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         self._copier = StreamCopier(
             self._device, transform=transform, lifetime=lifetime, unpinned_advice=advice
         )
-        if self._device.type != "cpu" and isinstance(loader, BackgroundLoader):
-            loader._pin_for(self._device)  # its thread pins for this device, not the caller's
-        self._stateful = adopt_state(self)
-        self._epoch = None
-        self._live: list[weakref.ref[DeviceIterator[T]]] = []  # epochs that may be open
-        self._source_ended = False  # set by an epoch whose source raised StopIteration
-        self._warned = False
+        if self._device.type != "cpu" and isinstance(loader, LoaderWrapper):
+            loader._copied_to(self._device)  # its thread pins for this device, not the caller's
+        adopt_state(self)
 
     @property
     def device(self) -> torch.device:
@@ -130,45 +119,16 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         """Batches kept in flight behind the one handed over."""
         return self._depth
 
-    def __iter__(self) -> DeviceIterator[T]:
-        self._check_sharding()
-        reason = one_iterator_reason(self._loader)
-        if reason is not None:
-            why = f"a newer iter() of this CudaPrefetcher stopped it: {reason}"
-            self._stop_epoch(wait=True, reason=why)
-            if self._source_ended and isinstance(self._loader, Iterator) and not self._warned:
-                self._warned = True
-                warn_consumed(type(self).__name__, self._loader)
-        else:
-            self._live = [ref for ref in self._live if ref() is not None]
-        source = iter(self._loader)
+    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> DeviceIterator[T]:
         self._copier.start_epoch()
-        self._epoch = EpochRecord(read_start_state(self))
-        iterator: DeviceIterator[T] = DeviceIterator(
+        return DeviceIterator(
             source,
-            self._epoch,
+            record,
             copier=self._copier,
             depth=self._depth,
-            read_state=partial(read_state, self._loader) if self._stateful else None,
-            on_source_end=self._source_used_up,
+            read_state=self._state_reader(),
             owned=source is not self._loader,
         )
-        self._live.append(weakref.ref(iterator))
-        return iterator
-
-    def _source_used_up(self) -> None:
-        """An epoch's source raised StopIteration (a one-shot source is now spent)."""
-        self._source_ended = True
-
-    def _stop_epoch(self, wait: bool, reason: str | None = None) -> None:
-        # No thread of its own: dropping the batches in flight and closing the
-        # source is immediate. A wrapped BackgroundLoader waits for its thread
-        # itself, in its own load_state_dict() or iter().
-        live, self._live = self._live, []
-        for ref in live:
-            current = ref()
-            if current is not None:
-                current._invalidate(reason) if reason is not None else current.close()
 
     def __repr__(self) -> str:
         return f"CudaPrefetcher({short_repr(self._loader)}, device={str(self._device)!r})"

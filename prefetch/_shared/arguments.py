@@ -76,14 +76,13 @@ def check_loader_depth(depth: object, max_depth: object, owner: str) -> int | No
     if depth < 1:
         msg = f"{owner}(depth=...) expects 'auto' or an int >= 1, got {depth}"
         raise ValueError(msg)
-    fixed = check_depth(depth, owner)
     if max_depth is not None:
         msg = (
             f"{owner}(max_depth=...) only applies with depth='auto', got max_depth={max_depth!r} "
             f"with depth={depth}; a fixed depth is its own maximum"
         )
         raise ValueError(msg)
-    return fixed
+    return depth
 
 
 def check_fetch_threads(value: object, owner: str) -> int | Literal["auto"] | None:

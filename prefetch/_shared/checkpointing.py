@@ -14,8 +14,13 @@ Invariants:
   :func:`~prefetch._shared.stateful.state_problem` finds the wrapped loader stateful,
   and sets ``wrapper._stateful`` accordingly.
 * **Demotion is final.** If the wrapped loader's ``state_dict()`` raises when
-  an epoch starts (:func:`read_start_state`), the wrapper goes back to the
-  plain class, with ``_stateful`` false and the reason kept for the error.
+  an epoch starts (:meth:`Checkpointing._start_state`), the wrapper goes back
+  to the plain class, with ``_stateful`` false and the reason kept for the
+  error.
+
+This module is the declared partner of :mod:`prefetch._shared.wrapper`: it
+reads and sets a wrapper's ``_stateful`` and ``_state_problem``, of the
+wrapper it adopts and of the wrapper that one wraps.
 * **Pickling** rebuilds the twin (it is not importable by its name).
 """
 
@@ -27,31 +32,16 @@ from prefetch._shared.stateful import NotStatefulError, StateUnavailable, read_s
 from prefetch._shared.wrapper import LoaderWrapper
 
 
-def adopt_state(wrapper: LoaderWrapper) -> bool:
-    """Decide, when ``wrapper`` is built, whether it checkpoints; return the answer."""
-    wrapper._state_problem = state_problem(wrapper._loader)
+def adopt_state(wrapper: LoaderWrapper) -> None:
+    """Decide, when ``wrapper`` is built, whether it checkpoints (see the module)."""
+    inner = wrapper.loader
+    if isinstance(inner, LoaderWrapper):  # a wrapper below knows why already
+        wrapper._state_problem = inner._state_problem
+    else:
+        wrapper._state_problem = state_problem(inner)
     wrapper._stateful = wrapper._state_problem is None
     if wrapper._stateful and not isinstance(wrapper, Checkpointing):
         wrapper.__class__ = _stateful_twin(type(wrapper))
-    return wrapper._stateful
-
-
-def read_start_state(wrapper: LoaderWrapper) -> Any:
-    """Read the wrapped loader's state at an epoch start, or ``None`` if not stateful.
-
-    If the read raises, ``wrapper`` turns non-stateful for good (it loses
-    ``state_dict``/``load_state_dict``) and remembers why; iteration goes on.
-    """
-    if not isinstance(wrapper, Checkpointing):
-        return None
-    state = read_state(wrapper._loader)
-    if isinstance(state, StateUnavailable):
-        inner = getattr(wrapper._loader, "_state_problem", None)
-        wrapper._state_problem = inner if isinstance(inner, str) else state.describe()
-        wrapper._stateful = False
-        wrapper.__class__ = cast("type[Checkpointing]", wrapper._twin_of)  # the plain class
-        return None
-    return state
 
 
 class Checkpointing(LoaderWrapper):
@@ -64,6 +54,22 @@ class Checkpointing(LoaderWrapper):
     """
 
     _twin_of: type[LoaderWrapper]
+
+    def _start_state(self) -> Any:
+        """Read the wrapped loader's state as an epoch starts.
+
+        If the read raises, this wrapper turns non-stateful for good (it loses
+        ``state_dict``/``load_state_dict``) and remembers why; iteration goes on.
+        """
+        inner = self.loader
+        state = read_state(inner)
+        if isinstance(state, StateUnavailable):
+            below = inner._state_problem if isinstance(inner, LoaderWrapper) else None
+            self._state_problem = below or state.describe()
+            self._stateful = False
+            self.__class__ = cast("type[Checkpointing]", self._twin_of)  # the plain class
+            return None
+        return state
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         # The twin is not importable by name: pickle the class it twins, rebuild the twin.
@@ -111,7 +117,7 @@ class Checkpointing(LoaderWrapper):
         raises ``RuntimeError`` saying so on its next ``next()``.
         """
         why = f"{type(self).__name__}.load_state_dict() stopped this epoch: iter() again to resume"
-        self._stop_epoch(wait=True, reason=why)
+        self._epochs.stop_all(reason=why, wait=True)
         self._epoch = None
         self._loader.load_state_dict(state_dict)
 

@@ -98,9 +98,6 @@ def state_problem(loader: Any) -> str | None:
         >>> state_problem([1, 2])
         'got list, which has no state_dict() or load_state_dict()'
     """
-    inner = getattr(loader, "_state_problem", None)  # a wrapper knows why already
-    if isinstance(inner, str):
-        return inner
     missing = [
         name
         for name in ("state_dict", "load_state_dict")

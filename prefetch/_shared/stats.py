@@ -4,52 +4,48 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
-class DepthEvent:
+class PolicyEvent:
+    """A decision of a self-tuning policy: a change of its setting, or why it held.
+
+    ``old == new`` marks a wait the policy chose not to act on (recorded once
+    per epoch and reason).
+
+    Attributes:
+        item: Items handed over in the epoch when it happened.
+        seconds: Seconds since the start of the epoch.
+        old: The setting before.
+        new: The setting after.
+        reason: Why, in words.
+    """
+
+    item: int
+    seconds: float
+    old: int
+    new: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthEvent(PolicyEvent):
     """A decision of ``BackgroundLoader(depth="auto")``: a change of depth, or why not.
 
-    ``old == new`` marks a wait the policy chose not to absorb (recorded once
-    per epoch and reason), for example because the producer is slower than
-    the loop on average.
-
-    Attributes:
-        item: Items handed over in the epoch when it happened.
-        seconds: Seconds since the start of the epoch.
-        old: Depth before.
-        new: Depth after.
-        reason: Why, in words.
+    ``old`` and ``new`` are depths; ``old == new`` marks a wait the policy did
+    not absorb (recorded once per epoch and reason), for example because the
+    producer is slower than the loop on average.
     """
-
-    item: int
-    seconds: float
-    old: int
-    new: int
-    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
-class ThreadEvent:
+class ThreadEvent(PolicyEvent):
     """A decision of ``fetch_threads="auto"``: a change of thread count, or why not.
 
-    ``old == new`` marks a decision to hold (recorded once per epoch and
-    reason), for example because the threads already use every core.
-
-    Attributes:
-        item: Items handed over in the epoch when it happened.
-        seconds: Seconds since the start of the epoch.
-        old: Fetch threads before.
-        new: Fetch threads after.
-        reason: Why, in words.
+    ``old`` and ``new`` are fetch thread counts; ``old == new`` marks a decision
+    to hold (recorded once per epoch and reason), for example because the
+    threads already use every core.
     """
-
-    item: int
-    seconds: float
-    old: int
-    new: int
-    reason: str
 
 
 @dataclasses.dataclass
@@ -150,18 +146,3 @@ class LoaderStats:
             f"{self.fetch_threads} fetch thread{'' if self.fetch_threads == 1 else 's'} busy "
             f"{reading + collate:.0%} of the time (reading {reading:.0%}, collate_fn {collate:.0%})"
         )
-
-
-class EpochRecord:
-    """What a wrapper keeps of its latest epoch without holding the epoch's iterator.
-
-    ``stats`` is shared with the iterator (and, for counters it owns, with the
-    producer thread); ``state`` is the wrapped loader's checkpoint state as of
-    the last item handed to the training loop.
-    """
-
-    __slots__ = ("state", "stats")
-
-    def __init__(self, state: Any) -> None:
-        self.stats = LoaderStats(started=time.perf_counter())
-        self.state = state

@@ -62,22 +62,6 @@ def map_leaves(fn: Callable[[Any], Any], batch: Any) -> Any:
     return fn(batch)
 
 
-def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
-    """Return ``batch`` rebuilt with ``fn`` applied to every tensor leaf.
-
-    Leaves that are not tensors are returned untouched.
-
-    Example:
-        >>> map_tensors(lambda t: t + 1, {"x": torch.zeros(2), "id": 7})
-        {'x': tensor([1., 1.]), 'id': 7}
-    """
-
-    def leaf(value: Any) -> Any:
-        return fn(value) if isinstance(value, torch.Tensor) else value
-
-    return map_leaves(leaf, batch)
-
-
 def iter_leaves(batch: Any) -> Iterator[Any]:
     """Yield every leaf of ``batch`` in the order :func:`map_leaves` visits them.
 

@@ -1,46 +1,47 @@
-"""What every wrapper shares: pass-through, epochs, checkpoints and closing.
+"""What every wrapper shares: pass-through, the one ``__iter__``, checkpoints, closing.
 
 A training loop written for a bare ``DataLoader`` calls ``len(loader)``,
 ``loader.set_epoch(e)`` and reads ``loader.dataset`` or ``loader.sampler``.
 :class:`LoaderWrapper` keeps all of that working through any stack of
 wrappers, so wrapping a loader is a one-line change.
 
-It also holds what the wrappers do alike with their epochs. A wrapper runs
-ahead of the training loop, so the wrapped loader's own ``state_dict()``
-counts items the loop has not seen; each wrapper therefore records the
-state right after taking each item and reports the state of the last item
-it handed over (:class:`~prefetch._shared.stats.EpochRecord`).
+It also opens every epoch (:meth:`LoaderWrapper.__iter__`): it looks once for
+a distributed rank that reads everything, stops the older epochs of a source
+that has only one position, warns once about a used-up one-shot source, calls
+``iter()`` on the wrapped loader, and only then asks the wrapper for the
+epoch's iterator (:meth:`LoaderWrapper._open_epoch`). A wrapper runs ahead of
+the training loop, so the wrapped loader's own ``state_dict()`` counts items
+the loop has not seen; each epoch therefore records the state right after
+each item it hands over (:class:`~prefetch._shared.epoch.EpochRecord`).
+
+Hooks the base declares and a subclass overrides (the only methods one
+wrapper calls on another): :meth:`LoaderWrapper._open_epoch`,
+:meth:`LoaderWrapper._start_state` (the checkpointing twin's) and
+:meth:`LoaderWrapper._copied_to`.
 
 Invariant: a wrapper has ``state_dict``/``load_state_dict`` exactly when the
-loader it wraps can checkpoint; :mod:`prefetch._shared.checkpointing` adds them.
-Here, both names raise :class:`~prefetch.NotStatefulError` saying why.
+loader it wraps can checkpoint; :mod:`prefetch._shared.checkpointing` (this
+module's declared partner) adds them. Here, both names raise
+:class:`~prefetch.NotStatefulError` saying why.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefetch._shared.distributed import distributed_world, warn_if_unsharded
-from prefetch._shared.stateful import NotStatefulError, state_problem
-from prefetch._shared.stats import EpochRecord, LoaderStats
+from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs
+from prefetch._shared.stateful import NotStatefulError, read_state
+from prefetch._shared.stats import LoaderStats
 from prefetch._shared.user_frame import user_stacklevel
 
+if TYPE_CHECKING:
+    import torch
+
 W = TypeVar("W", bound="LoaderWrapper")
-
-
-def is_stateful(loader: Any) -> bool:
-    """Return whether ``loader`` can checkpoint (see :func:`~prefetch._shared.stateful.state_problem`).
-
-    A wrapper of this package is resumable when the loader it wraps is.
-
-    Example:
-        >>> import torch
-        >>> is_stateful([1, 2]), is_stateful(torch.nn.Linear(1, 1))
-        (False, True)
-    """
-    return state_problem(loader) is None
 
 
 def one_iterator_reason(loader: Any) -> str | None:
@@ -124,34 +125,69 @@ def set_epoch_on(loader: Any, epoch: int) -> None:
 
 
 class LoaderWrapper:
-    """Base for wrappers: pass-through, stats, checkpoints, ``close`` and ``with``.
+    """Base for wrappers: pass-through, the one ``__iter__``, stats, checkpoints and ``close``.
 
-    Subclasses store the wrapped loader in ``self._loader`` and their latest
-    epoch in ``self._epoch``, and implement :meth:`_stop_epoch`. Public
-    attributes the wrapper lacks (``dataset``, ``sampler``, ``batch_size``,
-    ...) are read from the wrapped loader.
+    A subclass calls ``super().__init__(loader)`` and implements
+    :meth:`_open_epoch`. Public attributes the wrapper lacks (``dataset``,
+    ``sampler``, ``batch_size``, ...) are read from the wrapped loader.
     """
 
-    _loader: Any
-    _epoch: EpochRecord | None = None
     _stateful = False  # set by prefetch._shared.checkpointing.adopt_state
     _state_problem: str | None = None  # why the wrapped loader cannot checkpoint
-    _sharding_checked = False  # looked for a DataLoader that every rank reads whole
 
-    def _check_sharding(self) -> None:
-        """At the first epoch under ``torch.distributed``, warn if this rank reads everything."""
-        if self._sharding_checked or distributed_world() <= 1:
-            return
-        self._sharding_checked = True
-        warn_if_unsharded(self._loader, type(self).__name__)
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        self._epoch: EpochRecord | None = None  # the latest iter()'s (None: read the loader)
+        self._epochs = OpenEpochs()
+        self._sharding_checked = False  # looked for a DataLoader that every rank reads whole
+        self._warned_used_up = False
 
-    def _stop_epoch(self, wait: bool, reason: str | None = None) -> None:
-        """Stop every open epoch; with ``wait``, until nothing touches the loader.
+    def __iter__(self) -> EpochIterator[Any]:
+        if not self._sharding_checked and distributed_world() > 1:
+            self._sharding_checked = True
+            warn_if_unsharded(self._loader, type(self).__name__)
+        loader = self._loader
+        reason = one_iterator_reason(loader)
+        if reason is not None:
+            # Before iter(loader): persistent workers reset the iterator an older
+            # epoch's thread may still be reading.
+            why = f"a newer iter() of this {type(self).__name__} stopped it: {reason}"
+            self._epochs.stop_all(reason=why, wait=True)
+            last = self._epochs.last
+            used_up = last is not None and last.source_ended
+            if used_up and isinstance(loader, Iterator) and not self._warned_used_up:
+                self._warned_used_up = True
+                warn_consumed(type(self).__name__, loader)
+        else:
+            self._epochs.forget_dropped()
+        source = iter(loader)
+        # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
+        # this state, not the finished previous one. Nothing runs ahead yet.
+        last = self._epochs.last
+        record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
+        iterator = self._open_epoch(source, record)
+        self._epoch = record
+        self._epochs.add(iterator)
+        return iterator
 
-        With ``reason``, each stopped iterator's next ``next()`` raises
-        ``RuntimeError(reason)`` instead of ending silently.
+    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> EpochIterator[Any]:
+        """Hook: return the epoch's iterator over ``source`` (``iter()`` of the loader).
+
+        ``record`` is the epoch's; ``source is self.loader`` for a one-shot
+        iterator, which the epoch must not close when it ends.
         """
         raise NotImplementedError
+
+    def _start_state(self) -> Any:
+        """Hook: the wrapped loader's state as an epoch starts (``None``: not stateful)."""
+        return None
+
+    def _state_reader(self) -> Callable[[], Any] | None:
+        """What reads the wrapped loader's state after each item, or ``None`` if not stateful."""
+        return partial(read_state, self._loader) if self._stateful else None
+
+    def _copied_to(self, device: torch.device) -> None:
+        """Hook: a wrapper stacked on this one copies its items to ``device``."""
 
     @property
     def stats(self) -> LoaderStats:
@@ -168,7 +204,7 @@ class LoaderWrapper:
         Returns promptly even if a thread is stuck inside the source; the
         wrapper stays usable, and the next ``iter()`` starts a fresh epoch.
         """
-        self._stop_epoch(wait=False)
+        self._epochs.stop_all(reason=None, wait=False)
         if isinstance(self._loader, LoaderWrapper):
             self._loader.close()
 

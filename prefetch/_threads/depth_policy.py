@@ -1,7 +1,7 @@
-"""How a ``BackgroundLoader`` sets its depth: ``"auto"`` (:class:`DepthPolicy`) or fixed.
+"""How ``BackgroundLoader(depth="auto")`` sets its depth: the rules of :class:`DepthPolicy`.
 
-Both have one interface (:class:`DepthControl`), so the consumer treats a
-fixed depth as a policy that never changes its mind.
+The cycle it shares with the thread policy (epochs, holds, changes, events)
+and the fixed depth are :mod:`prefetch._threads.policy`.
 
 The policy runs on the consumer's thread: the consumer reports each wait and
 each near miss at once and quiet hand-offs in batches. It sees only numbers:
@@ -54,16 +54,14 @@ over to the next epoch of the same loader.
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
-from prefetch._shared.stats import DepthEvent, LoaderStats
+from prefetch._shared.stats import LoaderStats
+from prefetch._threads.policy import DEPTH, AdaptivePolicy
 
 START_DEPTH = 2
 """Depth of a new adaptive loader, and the floor it shrinks back to."""
 DEFAULT_MAX_DEPTH = 32
 """Default ceiling on items buffered: a stall of more than 32 steps is not a burst."""
-DEFAULT_MAX_BYTES = 1 << 30
-"""Default ceiling on tensor bytes buffered (1 GiB)."""
 HORIZON = 256
 """Items the step and source averages remember (older ones fade by halves)."""
 SHRINK_WINDOW = 128
@@ -89,65 +87,7 @@ NEVER_FULL = (
 )
 
 
-class DepthControl(Protocol):
-    """What the consumer of one loader asks of its depth (see the module)."""
-
-    depth: int
-    maximum: int
-    adaptive: bool
-
-    def start_epoch(self, stats: LoaderStats) -> None:
-        """Begin an epoch whose stats receive the depth (and its changes)."""
-
-    def drives(self, stats: LoaderStats) -> bool:
-        """Whether ``stats`` belong to the epoch this control adapts."""
-
-    def observe(
-        self,
-        *,
-        now: float,
-        step: float,
-        waited: float,
-        ready: int,
-        fetched: int,
-        busy_seconds: float,
-        blocked_seconds: float,
-        largest_item: int,
-        count: int = 1,
-    ) -> int | None:
-        """Take hand-offs into account; return the new depth if it changed."""
-
-
-class FixedDepth:
-    """A depth that never changes, behind :class:`DepthControl`.
-
-    Example:
-        >>> control = FixedDepth(4)
-        >>> stats = LoaderStats()
-        >>> control.start_epoch(stats)
-        >>> stats.depth, control.maximum, control.adaptive
-        (4, 4, False)
-    """
-
-    adaptive = False
-
-    def __init__(self, depth: int) -> None:
-        self.depth = self.maximum = depth
-
-    def start_epoch(self, stats: LoaderStats) -> None:
-        """Record the depth in the epoch's stats."""
-        stats.depth = stats.peak_depth = self.depth
-
-    def drives(self, stats: LoaderStats) -> bool:
-        """Never: a fixed depth is not adapted (the consumer does not report to it)."""
-        return False
-
-    def observe(self, **report: float) -> int | None:
-        """Ignore the report (the :class:`DepthControl` keywords): the depth stays."""
-        return None
-
-
-class DepthPolicy:
+class DepthPolicy(AdaptivePolicy):
     """Chooses the depth of one adaptive loader from what each hand-off reports.
 
     Args:
@@ -159,7 +99,7 @@ class DepthPolicy:
         >>> policy = DepthPolicy(maximum=32, max_bytes=None)
         >>> stats = LoaderStats(started=0.0)
         >>> policy.start_epoch(stats)
-        >>> policy.depth
+        >>> policy.value
         2
         >>> # Ten hand-offs one second apart, two items ready each time; the
         >>> # producer spends 0.1 s per item and is blocked on the full buffer.
@@ -176,17 +116,14 @@ class DepthPolicy:
         (690 ms/item vs 1 s/step)
     """
 
-    adaptive = True
+    setting = DEPTH
 
     def __init__(self, *, maximum: int, max_bytes: int | None, start: int = START_DEPTH) -> None:
-        self.maximum = maximum
+        super().__init__(min(start, maximum), maximum)
         self.max_bytes = max_bytes
-        self.minimum = min(start, maximum)
-        self.depth = self.minimum
+        self.minimum = self.value
         self._step_sum = self._step_n = 0.0
         self._source_sum = self._source_n = 0.0
-        self._stats = LoaderStats()
-        self._now = 0.0
         self._reason = ""
         self._start_epoch_marks()
 
@@ -198,16 +135,10 @@ class DepthPolicy:
         self._low_mark = 0.0  # ... when it last ran dry or low
         self._low_water = math.inf
         self._window = 0
-        self._held: set[str] = set()
-
-    def drives(self, stats: LoaderStats) -> bool:
-        """Whether ``stats`` belong to the epoch this policy adapts (the latest one)."""
-        return self._stats is stats
 
     def start_epoch(self, stats: LoaderStats) -> None:
         """Begin an epoch whose stats receive the depth and its changes."""
-        self._stats = stats
-        stats.depth = stats.peak_depth = self.depth
+        super().start_epoch(stats)
         self._start_epoch_marks()
 
     def observe(
@@ -241,7 +172,7 @@ class DepthPolicy:
             largest_item: Bytes of the largest item produced so far (0 if unknown).
             count: Hand-offs this report covers.
         """
-        self._now = now
+        self._now, self._items = now, self._stats.items
         if self._first:  # nothing could be ready: the epoch had just begun
             self._first = False
             self._fetched, self._busy = fetched, busy_seconds
@@ -255,9 +186,9 @@ class DepthPolicy:
             self._low_water, self._window = math.inf, 0
         else:
             new = self._shrink(ready, count)
-        if new is None or new == self.depth:
+        if new is None or new == self.value:
             return None
-        return self._change(new)
+        return self._change(new, self._reason)
 
     def _learn(self, step: float, count: int, fetched: int, busy_seconds: float) -> None:
         """Add to the running means: the loop's step, the producer's time per item."""
@@ -282,7 +213,7 @@ class DepthPolicy:
         rates = f"{_ms(source)}/item vs {_ms(step)}/step"
         slower = f"the producer is slower on average ({rates})" if source > step else ""
         headroom = self.minimum + SLOWER_HEADROOM
-        if slower and self._source_n >= CUT_SAMPLES and self.depth > headroom:
+        if slower and self._source_n >= CUT_SAMPLES and self.value > headroom:
             self._reason = f"shrink: {slower}; {DEFICIT}"  # grown while it looked faster
             return headroom
         # Spare: how long the producer sat blocked on a full buffer since the buffer
@@ -292,25 +223,25 @@ class DepthPolicy:
         could_make = spare / source if source > 0 else math.inf
         if could_make < 1.0:
             if slower:
-                self._hold("slower", f"hold: {slower} and never got ahead; {DEFICIT}")
+                self._record_hold("slower", f"hold: {slower} and never got ahead; {DEFICIT}")
             else:
-                self._hold("never full", NEVER_FULL)
+                self._record_hold("never full", NEVER_FULL)
             return None
         limit, kind, limited_by = self._limit(largest_item)
         if slower and headroom < limit:
             limit, kind, limited_by = headroom, "slower", f"{headroom} items: {slower}; {DEFICIT}"
-        if self.depth >= limit:
-            self._hold(kind, f"hold: at {limited_by}")
+        if self.value >= limit:
+            self._record_hold(kind, f"hold: at {limited_by}")
             return None
         spare_items = f"the producer had spare time for {could_make:.1f} more items ({rates})"
         if waited == 0.0:  # a near miss: half again as much cushion
-            wanted = (self.depth + 1) // 2
+            wanted = (self.value + 1) // 2
             self._reason = f"grow: took the last ready item; {spare_items}"
         else:  # the items missing; at least half again: the next burst may be longer
             # min(..., limit): a loop whose steps take no time waits infinitely many steps
-            wanted = max((self.depth + 1) // 2, math.ceil(min(steps_waited, limit)))
+            wanted = max((self.value + 1) // 2, math.ceil(min(steps_waited, limit)))
             self._reason = f"grow: waited {steps_waited:.1f} steps; {spare_items}"
-        return min(self.depth + max(1, min(wanted, math.floor(min(could_make, limit)))), limit)
+        return min(self.value + max(1, min(wanted, math.floor(min(could_make, limit)))), limit)
 
     def _limit(self, largest_item: int) -> tuple[int, str, str]:
         """Return the depth the bounds allow, which bound, and how to say it."""
@@ -324,36 +255,15 @@ class DepthPolicy:
     def _shrink(self, ready: int, count: int) -> int | None:
         self._low_water = min(self._low_water, ready)
         self._window += count
-        if self._window < max(SHRINK_WINDOW, 4 * self.depth):
+        if self._window < max(SHRINK_WINDOW, 4 * self.value):
             return None
         low_water, window = self._low_water, self._window
         self._low_water, self._window = math.inf, 0
-        if low_water < 3 or self.depth <= self.minimum:
+        if low_water < 3 or self.value <= self.minimum:
             return None
         unused = int(low_water) - 2  # keep one item of cushion above a near miss
         self._reason = f"shrink: at least {int(low_water)} items stayed ready over {window} items"
-        return max(self.minimum, self.depth - math.ceil(unused / 2))
-
-    def _hold(self, kind: str, reason: str) -> None:
-        """Record, once per epoch and kind, why a wait did not grow the depth."""
-        if kind not in self._held:
-            self._held.add(kind)
-            self._stats.depth_events.append(
-                DepthEvent(self._stats.items, self._since_start(), self.depth, self.depth, reason)
-            )
-
-    def _since_start(self) -> float:
-        started = self._stats.started
-        return self._now - started if started is not None else 0.0
-
-    def _change(self, new: int) -> int:
-        stats = self._stats
-        stats.depth_events.append(
-            DepthEvent(stats.items, self._since_start(), self.depth, new, self._reason)
-        )
-        self.depth = stats.depth = new
-        stats.peak_depth = max(stats.peak_depth or 0, new)
-        return new
+        return max(self.minimum, self.value - math.ceil(unused / 2))
 
 
 def _ms(seconds: float) -> str:

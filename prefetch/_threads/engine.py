@@ -51,22 +51,17 @@ import atexit
 import itertools
 import threading
 import time
-from typing import Any
 
+from prefetch._shared.epoch import EpochRecord
 from prefetch._shared.profiling import profiling, span
-from prefetch._shared.stats import LoaderStats
 from prefetch._shared.structure import tensor_nbytes
+from prefetch._threads.messages import END, ERROR, ITEM, RAISED, STOPPED, Final, Message, Snapshot
 from prefetch._threads.tasks import ProducerSpec, Tasks
 
-ITEM, ERROR, END, RAISED, STOPPED = 0, 1, 2, 3, 4
-"""Message tags (see the module invariants); ``STOPPED``: :meth:`Engine.take` after a stop."""
 POLL_SECONDS = 0.1
 """How often a blocked side re-checks that the other side is still there."""
 EXIT_GRACE = 1.0
 """Longest the interpreter's exit waits, in all, for engines to stop."""
-
-Message = tuple[int, Any, Any, int]
-"""``(tag, payload, checkpoint state, tensor bytes)``."""
 
 _thread_ids = itertools.count(1)
 _live: set[Engine] = set()  # engines with a thread that has not left
@@ -78,14 +73,15 @@ class Engine:
     Args:
         tasks: The source.
         spec: What each thread does besides drawing and running.
+        record: The epoch's record: its stats (source time, peaks, per-thread
+            fetch time), whether the source ended, and the largest item
+            (its value when the engine starts is the size hint: 0 unknown).
         depth: Items ready ahead of the consumer, at most (with one thread:
             items in flight); the consumer may change it.
         threads: Threads to run; the consumer may change it.
         max_bytes: Most tensor bytes in flight, or ``None`` for no byte limit.
-        stats: The epoch's stats (source time, peaks, per-thread fetch time).
-        measure_cpu: Sum the threads' CPU time in :attr:`cpu_seconds` (for a
-            thread policy; it costs a system call per item).
-        size_hint: Bytes of the largest item of the previous epoch (0: unknown).
+        measure_cpu: Sum the threads' CPU time (for a thread policy; it costs
+            a system call per item).
         probe_first: With no size known, draw one item at a time until one is
             posted (a byte budget the user set is kept from the first item on).
     """
@@ -94,77 +90,105 @@ class Engine:
         self,
         tasks: Tasks,
         spec: ProducerSpec,
+        record: EpochRecord,
         *,
         depth: int,
         threads: int,
         max_bytes: int | None,
-        stats: LoaderStats,
         measure_cpu: bool = False,
-        size_hint: int = 0,
         probe_first: bool = False,
     ) -> None:
-        self._tasks, self._spec, self.stats = tasks, spec, stats
+        self._tasks, self._spec, self._record = tasks, spec, record
+        self._parallel = tasks.parallel  # False: the draw made the item (an iterator)
         self._lock = threading.RLock()
         self._space = threading.Condition(self._lock)  # threads wait here for a ticket
         self._data = threading.Condition(self._lock)  # the consumer waits here
         self._draw_lock = threading.Lock()
-        self.depth, self.target, self.max_bytes = depth, threads, max_bytes
-        self.results: dict[int, Message] = {}
+        self._depth, self._threads_wanted, self._max_bytes = depth, threads, max_bytes
+        self._results: dict[int, Message] = {}  # posted, by sequence number
         self._next_seq = 0  # under _draw_lock
-        self.taken = 0  # the next sequence number the consumer hands over
-        self._run = 0  # results[taken], results[taken + 1], ... posted: how many in a row
-        self.in_flight = self.fetching = 0  # tickets held; of them, not posted yet
-        self.buffered_bytes = self.fetched = 0
-        self.largest_item = size_hint
+        self._taken = 0  # the next sequence number the consumer hands over
+        self._ready_in_row = 0  # results[taken], results[taken + 1], ... posted: how many
+        self._in_flight = 0  # tickets taken and not returned
+        self._unposted = 0  # of them, items drawn and not posted yet
+        self._buffered_bytes = self._fetched = 0
+        self._largest_item = record.largest_item
         self._probe_first = probe_first
-        self.busy_seconds = self.blocked_seconds = self.cpu_seconds = 0.0
-        self.active = self.alive = 0  # threads that go on; threads that have not left
-        self._workers_waiting = 0
+        self._busy = self._blocked = self._cpu = 0.0
+        self._threads_staying = 0  # threads that go on (not told to leave)
+        self._threads_running = 0  # threads that have not left
+        self._threads_waiting = 0  # threads blocked waiting for a ticket
         self._consumer_waiting = False
         self._releasing = False  # the last thread is releasing the source
-        self.ended = self.source_ended = self.stopped = False
-        self._final: tuple[int, Message] | None = None
-        self.threads: list[threading.Thread] = []
+        self._ended = self._stopped = False
+        self._final: Final | None = None
+        self._threads: list[threading.Thread] = []
         self._clock = time.thread_time if measure_cpu else _no_clock
-        self._runs = tasks.runs  # False: the draw made the item (an iterator)
 
     # -- the consumer's side --------------------------------------------------
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """Every thread this engine started (some may have left)."""
+        with self._lock:
+            return tuple(self._threads)
+
+    def snapshot(self) -> Snapshot:
+        """Return the engine's figures, read together under its lock."""
+        with self._lock:
+            return Snapshot(
+                depth=self._depth,
+                threads=self._threads_wanted,
+                in_flight=self._in_flight,
+                ready=len(self._results),
+                waiting_threads=self._threads_waiting,
+                fetched=self._fetched,
+                max_bytes=self._max_bytes,
+                buffered_bytes=self._buffered_bytes,
+                largest_item=self._largest_item,
+                busy_seconds=self._busy,
+                blocked_seconds=self._blocked,
+                cpu_seconds=self._cpu,
+            )
 
     def start(self) -> None:
         """Start the threads (call once)."""
         _live.add(self)
-        self.set_threads(self.target)
+        self.set_threads(self._threads_wanted)
 
     def set_threads(self, count: int) -> None:
         """Run ``count`` threads: start more now, or let extra ones leave after their item."""
         with self._lock:
-            self.target = count
-            starting = 0 if self.ended or self.stopped else max(count - self.active, 0)
-            self.active += starting
-            self.alive += starting
+            self._threads_wanted = count
+            over = self._ended or self._stopped
+            starting = 0 if over else max(count - self._threads_staying, 0)
+            self._threads_staying += starting
+            self._threads_running += starting
             self._space.notify_all()  # a larger bound may free tickets; extras leave
         for _ in range(starting):
             thread = threading.Thread(
                 target=self._work, name=f"prefetch-{next(_thread_ids)}", daemon=True
             )
-            self.threads.append(thread)
+            with self._lock:
+                self._threads.append(thread)
             try:
                 thread.start()
             except BaseException:  # e.g. Ctrl-C while Thread.start() waits
                 if not thread.is_alive():
                     with self._lock:
-                        self.active -= 1
+                        self._threads_staying -= 1
                     self._leave(None, ticket=False)
                 raise
-        if self._runs:  # parallel fetch: the stats show the threads
-            peak = self.stats.peak_fetch_threads
-            self.stats.fetch_threads = count
-            self.stats.peak_fetch_threads = count if peak is None else max(peak, count)
+        if self._parallel:  # parallel fetch: the stats show the threads
+            stats = self._record.stats
+            peak = stats.peak_fetch_threads
+            stats.fetch_threads = count
+            stats.peak_fetch_threads = count if peak is None else max(peak, count)
 
     def set_depth(self, depth: int) -> None:
         """Change the depth and wake threads waiting for a ticket."""
         with self._lock:
-            self.depth = depth
+            self._depth = depth
             self._space.notify_all()
 
     def take(self) -> tuple[Message, int, float]:
@@ -174,8 +198,8 @@ class Engine:
         every thread left without posting it.
         """
         with self._lock:
-            seq = self.taken
-            message = self.results.pop(seq, None)
+            seq = self._taken
+            message = self._results.pop(seq, None)
             waited, ready = 0.0, 0
             if message is None:
                 waited = time.perf_counter()
@@ -186,34 +210,35 @@ class Engine:
                     message = self._wait_for(seq)
                 waited = time.perf_counter() - waited
             else:
-                ready = self._run
-            if message[0] == ITEM or message[0] == RAISED:
-                self.taken = seq + 1
-                self._run = self._run - 1 if self._run else self._count_run(seq + 1)
-                self.in_flight -= 1
-                self.buffered_bytes -= message[3]
-                if self._workers_waiting:
+                ready = self._ready_in_row
+            if message.kind == ITEM or message.kind == RAISED:
+                self._taken = seq + 1
+                in_row = self._ready_in_row
+                self._ready_in_row = in_row - 1 if in_row else self._count_in_row(seq + 1)
+                self._in_flight -= 1
+                self._buffered_bytes -= message.nbytes
+                if self._threads_waiting:
                     self._space.notify()
             return message, ready, waited
 
-    def _count_run(self, seq: int) -> int:
-        run = 0
-        while seq + run in self.results:
-            run += 1
-        return run
+    def _count_in_row(self, seq: int) -> int:
+        count = 0
+        while seq + count in self._results:
+            count += 1
+        return count
 
     def _wait_for(self, seq: int) -> Message:
         self._consumer_waiting = True
         try:
             while True:
                 self._data.wait(POLL_SECONDS)
-                message = self.results.pop(seq, None)
+                message = self._results.pop(seq, None)
                 if message is not None:
                     return message
-                if self.stopped:
-                    return (STOPPED, None, None, 0)
-                if self.alive == 0 and not self._releasing:
-                    names = ", ".join(repr(thread.name) for thread in self.threads)
+                if self._stopped:
+                    return Message(STOPPED, None, None)
+                if self._threads_running == 0 and not self._releasing:
+                    names = ", ".join(repr(thread.name) for thread in self._threads)
                     msg = (
                         f"prefetch thread(s) {names} exited without delivering "
                         "an item, an error or the end of the data"
@@ -225,9 +250,9 @@ class Engine:
     def stop(self) -> None:
         """Ask every thread to leave; safe from any thread, any number of times."""
         with self._lock:
-            self.stopped = True
-            self.results.clear()
-            self._run = 0
+            self._stopped = True
+            self._results.clear()
+            self._ready_in_row = 0
             self._space.notify_all()
             self._data.notify_all()
 
@@ -240,12 +265,14 @@ class Engine:
         """
         current = threading.current_thread()
         start = time.monotonic()
-        for thread in list(self.threads):
+        for thread in self.threads:
             if thread is current:
                 return False
             while thread.is_alive():
                 waited = time.monotonic() - start
-                if waited > timeout or (self.fetching and waited > stuck_grace):
+                with self._lock:
+                    inside = self._unposted
+                if waited > timeout or (inside and waited > stuck_grace):
                     return False
                 thread.join(0.02)
         return True
@@ -253,7 +280,7 @@ class Engine:
     # -- the threads' side ----------------------------------------------------
 
     def _work(self) -> None:
-        final: tuple[int, Message] | None = None
+        final: Final | None = None
         ticket = False  # whether this thread holds a ticket no posted message holds
         try:
             slot = self._add_fetch_slot()
@@ -268,53 +295,54 @@ class Engine:
                 # once), given back, or a final message (whose ticket this thread holds).
                 final, ticket = self._fetch_one(slot)
         except BaseException as error:  # our own failure: handed over, never dropped
-            final = (self._next_seq, (ERROR, error, None, 0))
+            final = Final(self._next_seq, Message(ERROR, error, None))
         finally:
             self._leave(final, ticket)
 
     def _add_fetch_slot(self) -> int:
-        if not self._runs:  # one thread over an iterator: source_seconds says it all
+        if not self._parallel:  # one thread over an iterator: source_seconds says it all
             return -1
         with self._lock:
-            self.stats.fetch_seconds.append(0.0)
-            return len(self.stats.fetch_seconds) - 1
+            fetch_seconds = self._record.stats.fetch_seconds
+            fetch_seconds.append(0.0)
+            return len(fetch_seconds) - 1
 
     def _full(self) -> bool:
-        if self.in_flight >= self.depth + self.target - 1:
+        if self._in_flight >= self._depth + self._threads_wanted - 1:
             return True
-        limit = self.max_bytes
-        if limit is None or self.in_flight == 0:
+        limit = self._max_bytes
+        if limit is None or self._in_flight == 0:
             return False
-        if self.fetching and not self.largest_item and self._probe_first:  # one at a time
+        if self._unposted and not self._largest_item and self._probe_first:  # one at a time
             return True
-        return self.buffered_bytes + (self.fetching + 1) * self.largest_item > limit
+        return self._buffered_bytes + (self._unposted + 1) * self._largest_item > limit
 
     def _take_ticket(self) -> bool:
         """Wait for room to draw; return ``False`` if this thread is to leave instead."""
         with self._lock:
             blocked = 0.0
             while True:
-                if self.stopped or self.ended:
+                if self._stopped or self._ended:
                     return False
-                if self.active > self.target:  # fewer threads wanted: this one leaves
-                    self.active -= 1
+                if self._threads_staying > self._threads_wanted:  # fewer wanted: this one leaves
+                    self._threads_staying -= 1
                     return False
                 if not self._full():
                     break
                 if not blocked:
                     blocked = time.perf_counter()
-                self._workers_waiting += 1
+                self._threads_waiting += 1
                 try:
                     self._space.wait(POLL_SECONDS)
                 finally:
-                    self._workers_waiting -= 1
+                    self._threads_waiting -= 1
             if blocked:
-                self.blocked_seconds += time.perf_counter() - blocked
-            self.in_flight += 1
-            self.fetching += 1
+                self._blocked += time.perf_counter() - blocked
+            self._in_flight += 1
+            self._unposted += 1
             return True
 
-    def _fetch_one(self, slot: int) -> tuple[tuple[int, Message] | None, bool]:
+    def _fetch_one(self, slot: int) -> tuple[Final | None, bool]:
         """Draw one task and run it (holding a ticket).
 
         Returns a final message instead of posting it, and whether this thread
@@ -323,7 +351,7 @@ class Engine:
         started, cpu = time.perf_counter(), self._clock()
         spec = self._spec
         with self._draw_lock:
-            if self.ended or self.stopped:
+            if self._ended or self._stopped:
                 self._give_back()
                 return None, False
             seq = self._next_seq
@@ -336,35 +364,36 @@ class Engine:
                     task = self._tasks.draw()
             except StopIteration:
                 with self._lock:
-                    self.ended = self.source_ended = True
+                    self._ended = self._record.source_ended = True
                 state = spec.read_state() if spec.read_state is not None else None
-                return (seq, (END, None, state, 0)), True
+                return Final(seq, Message(END, None, state)), True
             except Exception as error:  # the source decides whether it goes on
-                return None, self._post(seq, (RAISED, error, None, 0), started, cpu, slot, 0.0)
+                return None, self._post(seq, Message(RAISED, error, None), started, cpu, slot, 0.0)
             except BaseException as error:
                 return self._final_error(seq, error), True
             state = spec.read_state() if spec.read_state is not None else None
         try:
-            item, collate = self._tasks.run(task) if self._runs else (task, 0.0)
+            item, collate = self._tasks.run(task) if self._parallel else (task, 0.0)
             del task
             if spec.prepare is not None:
                 item = spec.prepare(item)
-            nbytes = tensor_nbytes(item) if self.max_bytes is not None else 0
+            nbytes = tensor_nbytes(item) if self._max_bytes is not None else 0
         except Exception as error:  # the draw moved the state on: the error carries it
-            return None, self._post(seq, (RAISED, error, state, 0), started, cpu, slot, 0.0)
+            return None, self._post(seq, Message(RAISED, error, state), started, cpu, slot, 0.0)
         except BaseException as error:
             return self._final_error(seq, error), True
-        return None, self._post(seq, (ITEM, item, state, nbytes), started, cpu, slot, collate)
+        message = Message(ITEM, item, state, nbytes)
+        return None, self._post(seq, message, started, cpu, slot, collate)
 
-    def _final_error(self, seq: int, error: BaseException) -> tuple[int, Message]:
+    def _final_error(self, seq: int, error: BaseException) -> Final:
         with self._lock:
-            self.ended = True
-        return seq, (ERROR, error, None, 0)
+            self._ended = True
+        return Final(seq, Message(ERROR, error, None))
 
     def _give_back(self) -> None:
         with self._lock:
-            self.in_flight -= 1
-            self.fetching -= 1
+            self._in_flight -= 1
+            self._unposted -= 1
 
     def _post(
         self, seq: int, message: Message, started: float, cpu: float, slot: int, collate: float
@@ -373,57 +402,57 @@ class Engine:
         spent = time.perf_counter() - started
         cpu = self._clock() - cpu
         with self._lock:
-            self.fetching -= 1
-            stats = self.stats
+            self._unposted -= 1
+            stats = self._record.stats
             stats.source_seconds += spent
             if collate:
                 stats.collate_seconds += collate
             if slot >= 0:
                 stats.fetch_seconds[slot] += spent - collate
-            self.busy_seconds += spent
-            self.cpu_seconds += cpu
-            if self.stopped:  # nobody will take it
-                self.in_flight -= 1
+            self._busy += spent
+            self._cpu += cpu
+            if self._stopped:  # nobody will take it
+                self._in_flight -= 1
                 return False
-            if message[0] == ITEM:
-                self.fetched += 1
-                nbytes = message[3]
+            if message.kind == ITEM:
+                self._fetched += 1
+                nbytes = message.nbytes
                 if nbytes:
-                    self.buffered_bytes += nbytes
-                    if nbytes > self.largest_item:
-                        self.largest_item = nbytes
-                    if self.buffered_bytes > stats.peak_bytes:
-                        stats.peak_bytes = self.buffered_bytes
-            self.results[seq] = message
-            if self.max_bytes is not None and self.fetched <= 1 and self._workers_waiting:
+                    self._buffered_bytes += nbytes
+                    if nbytes > self._largest_item:
+                        self._largest_item = self._record.largest_item = nbytes
+                    if self._buffered_bytes > stats.peak_bytes:
+                        stats.peak_bytes = self._buffered_bytes
+            self._results[seq] = message
+            if self._max_bytes is not None and self._fetched <= 1 and self._threads_waiting:
                 self._space.notify_all()  # a size is known now, or no draw is in progress
-            if seq == self.taken + self._run:
-                self._run += 1
-                if len(self.results) > self._run:  # later ones, posted first, join the run
-                    self._run += self._count_run(seq + 1)
-            if self.in_flight > stats.peak_items:
-                stats.peak_items = self.in_flight
-            if self._consumer_waiting and seq == self.taken:
+            if seq == self._taken + self._ready_in_row:
+                self._ready_in_row += 1
+                if len(self._results) > self._ready_in_row:  # later ones, posted first, join
+                    self._ready_in_row += self._count_in_row(seq + 1)
+            if self._in_flight > stats.peak_items:
+                stats.peak_items = self._in_flight
+            if self._consumer_waiting and seq == self._taken:
                 self._data.notify()
-            if self.ended or self.active > self.target or self._full():
+            if self._ended or self._threads_staying > self._threads_wanted or self._full():
                 return False  # _take_ticket waits, or lets this thread leave
-            self.in_flight += 1
-            self.fetching += 1
+            self._in_flight += 1
+            self._unposted += 1
             return True
 
-    def _leave(self, final: tuple[int, Message] | None, ticket: bool) -> None:
+    def _leave(self, final: Final | None, ticket: bool) -> None:
         """Leave; the last thread out releases the source, then posts the final message."""
         with self._lock:
             if ticket:  # a final message holds no ticket
-                self.in_flight -= 1
-                self.fetching -= 1
+                self._in_flight -= 1
+                self._unposted -= 1
             if final is not None:
-                self.ended = True
-                if self._final is None or final[0] < self._final[0]:
+                self._ended = True
+                if self._final is None or final.seq < self._final.seq:
                     self._final = final
                 self._space.notify_all()
-            self.alive -= 1
-            last = self.alive == 0
+            self._threads_running -= 1
+            last = self._threads_running == 0
             if last:
                 self._releasing = True
                 final = self._final
@@ -432,15 +461,16 @@ class Engine:
         try:
             self._tasks.release()
         except BaseException as error:
-            if (final is not None and final[1][0] == ERROR) or self.stopped:
+            if (final is not None and final.message.kind == ERROR) or self._stopped:
                 raise  # nobody would read it after the source's own error: threading.excepthook
-            final = (final[0] if final is not None else self._next_seq, (ERROR, error, None, 0))
+            seq = final.seq if final is not None else self._next_seq
+            final = Final(seq, Message(ERROR, error, None))
         finally:
             with self._lock:
-                if final is not None and not self.stopped:
-                    self.results[final[0]] = final[1]
-                if self.stopped:  # nobody will read them: free the fetched items now
-                    self.results.clear()
+                if final is not None and not self._stopped:
+                    self._results[final.seq] = final.message
+                if self._stopped:  # nobody will read them: free the fetched items now
+                    self._results.clear()
                 self._releasing = False
                 self._data.notify_all()
             _live.discard(self)

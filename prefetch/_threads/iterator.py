@@ -1,9 +1,9 @@
 """``BackgroundIterator``: the consumer end of one epoch's engine.
 
-The threads and what they share live in :mod:`prefetch._threads.engine`. This module
-takes items from the engine, keeps the epoch's stats and checkpoint state,
-reports each hand-off to the adaptive depth and thread policies if there are
-any, and stops the engine when the epoch ends, on ``close()``, or when the
+The threads and what they share live in :mod:`prefetch._threads.engine`.
+This module takes items from the engine, keeps the epoch's stats and
+checkpoint state, reports hand-offs to the depth and thread policies if they
+adapt, and stops the engine when the epoch ends, on ``close()``, or when the
 iterator is collected.
 
 Invariants:
@@ -16,35 +16,26 @@ Invariants:
 * The frame that re-raises an error does not hold the iterator (``self`` is
   deleted before the error leaves), so an error kept alive by its caller
   does not keep the iterator, its threads or its source's workers alive.
-* An iterator another epoch had to stop (``_invalidate``)
-  raises ``RuntimeError`` saying why on its next ``next()``, then
-  ``StopIteration``: it never ends silently.
 """
 
 from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Iterator
 from typing import TypeVar
 
-from prefetch._shared.stats import EpochRecord, LoaderStats
-from prefetch._threads.depth_policy import DepthControl
-from prefetch._threads.engine import END, ITEM, RAISED, STOPPED, Engine
-from prefetch._threads.tasks import ProducerSpec, Tasks
-from prefetch._threads.thread_policy import FixedThreads, ThreadControl
+from prefetch._shared.epoch import CLOSE_TIMEOUT, STUCK_GRACE, EpochIterator, EpochRecord
+from prefetch._threads.engine import Engine
+from prefetch._threads.messages import END, ITEM, RAISED, STOPPED
+from prefetch._threads.policy import THREADS, Control, Fixed
 
 T = TypeVar("T")
 
-CLOSE_TIMEOUT = 10.0
-"""Longest ``close()`` waits for the threads (shutting down DataLoader workers)."""
-STUCK_GRACE = 0.2
-"""How long ``close()`` waits for a thread that is blocked inside the source."""
 REPORT_EVERY = 16
 """Quiet hand-offs (two or more items ready) reported to a depth policy at once."""
 
 
-class BackgroundIterator(Iterator[T]):
+class BackgroundIterator(EpochIterator[T]):
     """One epoch of a :class:`BackgroundLoader`: the consumer end of its threads.
 
     Created by ``iter(background_loader)``; you rarely name it. It stops its
@@ -66,72 +57,47 @@ class BackgroundIterator(Iterator[T]):
 
     def __init__(
         self,
-        tasks: Tasks,
-        epoch: EpochRecord,
+        engine: Engine,
+        record: EpochRecord,
         *,
-        control: DepthControl,
-        max_bytes: int | None,
-        producer: ProducerSpec,
-        threads: ThreadControl | None = None,
-        size_hint: int = 0,
-        probe_first: bool = False,
+        depth: Control,
+        threads: Control | None = None,
     ) -> None:
-        control.start_epoch(epoch.stats)
-        threads = threads if threads is not None else FixedThreads(1)
-        threads.start_epoch(epoch.stats)
-        self._engine = Engine(
-            tasks,
-            producer,
-            depth=control.depth,
-            threads=threads.threads,
-            max_bytes=max_bytes,
-            stats=epoch.stats,
-            measure_cpu=threads.adaptive,
-            size_hint=size_hint,
-            probe_first=probe_first,
-        )
-        self._epoch = epoch
-        self._control = control
+        if threads is None:
+            threads = Fixed(THREADS, 1)
+        depth.start_epoch(record.stats)
+        threads.start_epoch(record.stats)
+        self._engine = engine
+        self._record = record
+        self._stopper = engine
+        self._depth = depth
         self._threads = threads
-        self._reports = control.adaptive or threads.adaptive  # fixed ones hear nothing
+        self._reports = depth.adaptive or threads.adaptive  # fixed ones hear nothing
         self._waited = 0.0
         self._handed_over = 0.0  # perf_counter() at the last report to the policy
         self._pending = 0  # hand-offs since then
         self._fewest = 0  # the fewest items ready among them (0: report the first at once)
         self._done = False
-        self._invalid: str | None = None  # why another epoch stopped this one
-        self._keeps_state = producer.read_state is not None
         self._source_error_id: int | None = None
-        self._finalizer = weakref.finalize(self, self._engine.stop)
+        self._finalizer = weakref.finalize(self, engine.stop)
         self._finalizer.atexit = False
         try:
-            self._engine.start()
+            engine.start()
         except BaseException:  # e.g. Ctrl-C while Thread.start() waits: never leave it running
             self._finalizer()
             raise
 
-    @property
-    def stats(self) -> LoaderStats:
-        """This epoch's :class:`~prefetch.LoaderStats`."""
-        return self._epoch.stats
-
-    def __iter__(self) -> BackgroundIterator[T]:
-        return self
-
     def __next__(self) -> T:
         if self._done:
-            reason, self._invalid = self._invalid, None
-            if reason is not None:
-                raise RuntimeError(reason)
-            raise StopIteration
+            self._end()
         (kind, payload, state, _), ready, waited = self._engine.take()
         if waited:
             self._waited = waited
-            self._epoch.stats.wait_seconds += waited
+            self._record.stats.wait_seconds += waited
         if kind == ITEM:
-            epoch = self._epoch
-            epoch.stats.items += 1
-            epoch.state = state  # None unless the loader is stateful
+            record = self._record
+            record.stats.items += 1
+            record.state = state  # None unless the loader is stateful
             if self._reports:
                 # Quiet hand-offs (two or more ready) are reported in batches; a wait
                 # or a near miss is reported at once, so a decision is never late.
@@ -144,17 +110,16 @@ class BackgroundIterator(Iterator[T]):
                     except BaseException:  # a policy's failure (Ctrl-C included) ends the epoch
                         self._finish()
                         raise
-            return payload  # type: ignore[no-any-return]  # messages are untyped tuples
+            return payload  # type: ignore[no-any-return]  # an item is whatever the source made
         if kind == RAISED:  # the source goes on after it
             if state is not None:
-                self._epoch.state = state  # the failed batch was drawn: resume after it
+                self._record.state = state  # the failed batch was drawn: resume after it
         else:
             self._finish()
             if kind == STOPPED:  # close() from another thread while this one waited
                 return self.__next__()
             if kind == END:
-                if self._keeps_state:
-                    self._epoch.state = state  # read after StopIteration: the next epoch
+                self._record.state = state  # read after StopIteration: the next epoch's start
                 raise StopIteration
             self._source_error_id = id(payload)
         try:
@@ -162,36 +127,26 @@ class BackgroundIterator(Iterator[T]):
         finally:
             del payload, self  # the traceback keeps this frame: not the iterator
 
-    def _invalidate(self, reason: str) -> None:
-        """Stop this epoch because a newer one cannot run beside it.
+    def _is_over(self) -> bool:
+        return self._done
 
-        The next ``next()`` raises ``RuntimeError(reason)``, later ones
-        ``StopIteration``. Nothing happens if the epoch is already over.
-        """
-        if not self._done:
-            self._invalid = reason
-        self._finish()
-
-    def _raised_by_source(self, error: BaseException) -> bool:
-        """Return whether ``error`` is the source's error this iterator re-raised.
-
-        Lets a consumer tell a ``KeyboardInterrupt`` raised *by the source* (to
-        be delivered in order) from one raised on its own thread (Ctrl-C).
-        """
+    def _raised(self, error: BaseException) -> bool:
         return self._source_error_id == id(error)
 
     def _adapt(self) -> None:
         """Report the hand-offs since the last report to the policies; apply their decisions."""
-        stats, engine = self._epoch.stats, self._engine
-        if not self._control.drives(stats) and not self._threads.drives(stats):
+        stats = self._record.stats
+        adapts_depth, adapts_threads = self._depth.drives(stats), self._threads.drives(stats)
+        if not adapts_depth and not adapts_threads:
             self._reports = False  # a newer iter() adapts them now; this epoch keeps its own
             return
         now = time.perf_counter()
-        if self._control.drives(stats):
+        engine = self._engine.snapshot()
+        if adapts_depth:
             fewest, count = self._fewest, self._pending
             waited = 0.0 if fewest else self._waited  # only the last hand-off can have waited
-            threads = max(engine.target, 1)  # N threads make an item N times as often
-            new = self._control.observe(
+            threads = max(engine.threads, 1)  # N threads make an item N times as often
+            new = self._depth.observe(
                 now=now,
                 step=now - self._handed_over - waited,
                 waited=waited,
@@ -203,8 +158,8 @@ class BackgroundIterator(Iterator[T]):
                 count=count,
             )
             if new is not None:
-                engine.set_depth(new)
-        if self._threads.drives(stats):
+                self._engine.set_depth(new)
+        if adapts_threads:
             wanted = self._threads.observe(
                 now=now,
                 items=stats.items,
@@ -214,27 +169,13 @@ class BackgroundIterator(Iterator[T]):
                 largest_item=engine.largest_item,
             )
             if wanted is not None:
-                engine.set_threads(wanted)
+                self._engine.set_threads(wanted)
         self._handed_over = now
         self._pending, self._fewest = 0, 1 << 62
 
     def _finish(self) -> None:
         if not self._done:
             self._done = True
-            self._epoch.stats.finished = time.perf_counter()
+            self._record.stats.finished = time.perf_counter()
         self._finalizer()
         self._engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
-
-    def close(self) -> None:
-        """Stop the thread and release the source; prefetched items are dropped.
-
-        Returns within about ``0.2`` s even if the thread is blocked inside the
-        source (it then exits by itself when the source returns).
-        """
-        self._finish()
-
-    def __enter__(self) -> BackgroundIterator[T]:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

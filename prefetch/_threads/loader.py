@@ -1,19 +1,19 @@
 """``BackgroundLoader``: produce a loader's items in a thread, ``depth`` ahead.
 
-This module holds the loader: epochs, pinning, pass-through and checkpoints.
-The consumer end of an epoch is :mod:`prefetch._threads.iterator`; the
-thread is :mod:`prefetch._thread_worker`; the shared state is
-:mod:`prefetch._channel`; how ``depth="auto"`` decides is
-:mod:`prefetch._threads.depth_policy`.
+This module holds the loader: its arguments and what each epoch runs (the
+tasks, the engine and its threads' set-up). Opening and stopping epochs is
+:class:`~prefetch._shared.wrapper.LoaderWrapper`'s; the consumer end of an
+epoch is :mod:`prefetch._threads.iterator`; the threads are
+:mod:`prefetch._threads.engine`; how ``depth="auto"`` and
+``fetch_threads="auto"`` decide is :mod:`prefetch._threads.depth_policy` and
+:mod:`prefetch._threads.thread_policy`.
 """
 
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
-from typing import Generic, Literal, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
 import torch
 from torch.utils.data import DataLoader
@@ -25,34 +25,26 @@ from prefetch._shared.arguments import (
     check_loader_depth,
     check_optional_count,
 )
-from prefetch._shared.checkpointing import adopt_state, read_start_state
+from prefetch._shared.checkpointing import adopt_state
+from prefetch._shared.epoch import EpochRecord
 from prefetch._shared.pinning import (
     accelerator_available,
     current_device_index,
     pin_batch,
     select_device,
 )
-from prefetch._shared.stateful import read_state
-from prefetch._shared.stats import EpochRecord
-from prefetch._shared.wrapper import (
-    LoaderWrapper,
-    one_iterator_reason,
-    short_repr,
-    warn_consumed,
-)
-from prefetch._threads.depth_policy import (
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_DEPTH,
-    DepthControl,
-    DepthPolicy,
-    FixedDepth,
-)
+from prefetch._shared.wrapper import LoaderWrapper, short_repr
+from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, DepthPolicy
 from prefetch._threads.engine import Engine
-from prefetch._threads.iterator import CLOSE_TIMEOUT, STUCK_GRACE, BackgroundIterator
+from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
+from prefetch._threads.policy import DEPTH, THREADS, Control, Fixed
 from prefetch._threads.sampler_seed import start_sampler_here
 from prefetch._threads.tasks import IteratorTasks, ProducerSpec, Tasks
-from prefetch._threads.thread_policy import FixedThreads, ThreadControl, ThreadPolicy
+from prefetch._threads.thread_policy import ThreadPolicy
+
+DEFAULT_MAX_BYTES = 1 << 30
+"""Default ceiling on tensor bytes buffered with ``depth="auto"`` (1 GiB)."""
 
 T = TypeVar("T")
 
@@ -141,14 +133,14 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         fixed = check_loader_depth(depth, max_depth, "BackgroundLoader")
         self._max_bytes = check_optional_count(max_bytes, "max_bytes", "BackgroundLoader")
         self._budget_set = max_bytes is not None  # the user's budget holds from the first item
-        self._control: DepthControl
+        self._depth: Control
         if fixed is None:
             if self._max_bytes is None:
                 self._max_bytes = DEFAULT_MAX_BYTES
             maximum = max_depth if max_depth is not None else DEFAULT_MAX_DEPTH
-            self._control = DepthPolicy(maximum=maximum, max_bytes=self._max_bytes)
+            self._depth = DepthPolicy(maximum=maximum, max_bytes=self._max_bytes)
         else:
-            self._control = FixedDepth(fixed)
+            self._depth = Fixed(DEPTH, fixed)
         check_bool(pin_memory, "pin_memory", "BackgroundLoader")
         check_optional_count(num_threads, "num_threads", "BackgroundLoader")
         if pin_memory and not accelerator_available():
@@ -162,34 +154,31 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._fetch_threads = check_fetch_threads(fetch_threads, "BackgroundLoader")
         if fetch_threads is not None:
             check_parallel_loader(loader, "BackgroundLoader")
-        self._thread_control: ThreadControl | None = None
+        self._threads: Control = Fixed(
+            THREADS, fetch_threads if isinstance(fetch_threads, int) else 1
+        )
         if fetch_threads == "auto":
-            self._thread_control = ThreadPolicy(max_bytes=self._max_bytes)
-        self._loader = loader
+            self._threads = ThreadPolicy(max_bytes=self._max_bytes)
+        super().__init__(loader)
         self._pin_memory = pin_memory
         self._num_threads = num_threads
         self._pin_device: int | None = None  # None: the caller's current device at iter()
-        self._stateful = adopt_state(self)
-        self._epoch = None
-        # Every epoch whose threads may still run: (iterator, engine).
-        self._live: list[tuple[weakref.ref[BackgroundIterator[T]], Engine]] = []
-        self._last_engine: Engine | None = None
-        self._warned_consumed = False
+        adopt_state(self)
 
     @property
     def depth(self) -> int:
         """The most items produced ahead and not yet consumed (now, if adaptive)."""
-        return self._control.depth
+        return self._depth.value
 
     @property
     def adaptive(self) -> bool:
         """Whether the depth adapts (``depth="auto"``)."""
-        return self._control.adaptive
+        return self._depth.adaptive
 
     @property
     def max_depth(self) -> int:
         """The most items ever buffered (an adaptive depth's ceiling, or the fixed depth)."""
-        return self._control.maximum
+        return self._depth.maximum
 
     @property
     def max_bytes(self) -> int | None:
@@ -201,69 +190,38 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         """Whether batches are pinned in the thread (false without an accelerator)."""
         return self._pin_memory
 
-    def __iter__(self) -> BackgroundIterator[T]:
-        self._check_sharding()
-        loader = self._loader
-        reason = one_iterator_reason(loader)
-        if reason is not None:
-            # Before iter(loader): persistent workers reset the iterator an older
-            # thread may still be reading.
-            why = f"a newer iter() of this {type(self).__name__} stopped it: {reason}"
-            self._stop_epoch(wait=True, reason=why)
-            self._warn_if_consumed(loader)
-        else:
-            self._join_abandoned()
-        source = iter(loader)
-        # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
-        # this state, not the finished previous one. The thread has not started yet.
-        start_state = read_start_state(self)
-        start_sampler_here(source)  # a seeded shuffle must not depend on the thread's timing
-        self._epoch = EpochRecord(start_state)
-        producer = ProducerSpec(
-            owned=source is not loader,
-            prepare=pin_batch if self._pin_memory else None,
-            read_state=partial(read_state, loader) if self._stateful else None,
-            setup=self._thread_setup(),
-        )
-        tasks: Tasks
-        if self._fetch_threads is None:
-            tasks = IteratorTasks(source, producer.owned)
-        else:
-            tasks = sampler_tasks(cast("DataLoader[T]", loader), source, "BackgroundLoader")
-        iterator: BackgroundIterator[T] = BackgroundIterator(
-            tasks,
-            self._epoch,
-            control=self._control,
-            max_bytes=self._max_bytes,
-            producer=producer,
-            threads=self._threads_for_epoch(),
-            size_hint=self._last_engine.largest_item if self._last_engine is not None else 0,
-            probe_first=self._budget_set,
-        )
-        self._live.append((weakref.ref(iterator), iterator._engine))
-        self._last_engine = iterator._engine
-        return iterator
-
     @property
     def fetch_threads(self) -> int | Literal["auto"] | None:
         """Threads that fetch a DataLoader's batches in parallel (``None``: one thread)."""
         return self._fetch_threads
 
-    def _threads_for_epoch(self) -> ThreadControl:
-        if self._thread_control is not None:
-            return self._thread_control
-        return FixedThreads(self._fetch_threads if isinstance(self._fetch_threads, int) else 1)
+    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> BackgroundIterator[T]:
+        start_sampler_here(source)  # a seeded shuffle must not depend on the thread's timing
+        producer = ProducerSpec(
+            prepare=pin_batch if self._pin_memory else None,
+            read_state=self._state_reader(),
+            setup=self._thread_setup(),
+        )
+        tasks: Tasks
+        if self._fetch_threads is None:
+            tasks = IteratorTasks(source, owned=source is not self._loader)
+        else:
+            tasks = sampler_tasks(cast("DataLoader[T]", self._loader), source, "BackgroundLoader")
+        engine = Engine(
+            tasks,
+            producer,
+            record,
+            depth=self._depth.value,
+            threads=self._threads.value,
+            max_bytes=self._max_bytes,
+            measure_cpu=self._threads.adaptive,
+            probe_first=self._budget_set,
+        )
+        return BackgroundIterator(engine, record, depth=self._depth, threads=self._threads)
 
-    def _pin_for(self, device: torch.device) -> None:
-        """Pin for ``device`` (a CudaPrefetcher on top names it): the thread selects it."""
+    def _copied_to(self, device: torch.device) -> None:
+        """Pin for ``device`` (a CudaPrefetcher stacked on this loader copies there)."""
         self._pin_device = device.index
-
-    def _warn_if_consumed(self, loader: Iterable[T]) -> None:
-        engine = self._last_engine
-        used_up = engine is not None and engine.source_ended
-        if used_up and isinstance(loader, Iterator) and not self._warned_consumed:
-            self._warned_consumed = True
-            warn_consumed(type(self).__name__, loader)
 
     def _thread_setup(self) -> Callable[[], None] | None:
         device = None
@@ -280,38 +238,8 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
         return setup
 
-    def _stop_epoch(self, wait: bool, reason: str | None = None) -> None:
-        """Stop every open epoch; with ``reason``, their next ``next()`` says why."""
-        live, self._live = self._live, []
-        for ref, engine in live:
-            # The iterator may already be garbage while its threads are still inside
-            # the source, so they are stopped and joined through the engine.
-            current = ref()
-            if current is not None and reason is not None:
-                current._invalidate(reason)  # stops and joins the threads (bounded)
-            elif current is not None:
-                current.close()
-            else:
-                engine.stop()
-                engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
-            del current
-            while wait and not engine.join(timeout=0.1, stuck_grace=0.1):
-                pass  # e.g. before persistent workers are reset: wait them out
-
-    def _join_abandoned(self) -> None:
-        """Forget ended epochs; stop and join those whose iterator was dropped."""
-        kept = []
-        for entry in self._live:
-            ref, engine = entry
-            if ref() is not None:
-                kept.append(entry)
-            else:
-                engine.stop()
-                engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
-        self._live = kept
-
     def __repr__(self) -> str:
-        depth = "'auto'" if self._control.adaptive else self._control.depth
+        depth = "'auto'" if self._depth.adaptive else self._depth.value
         text = f"BackgroundLoader({short_repr(self._loader)}, depth={depth}"
         if self._fetch_threads is not None:
             text += f", fetch_threads={self._fetch_threads!r}"

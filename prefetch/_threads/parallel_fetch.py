@@ -25,7 +25,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from prefetch._threads.tasks import release_source
+from prefetch._shared.epoch import release_source
 
 
 class _Indices:
@@ -47,7 +47,7 @@ class SamplerTasks:
     Made by :func:`sampler_tasks`.
     """
 
-    runs = True
+    parallel = True
 
     def __init__(self, loader: DataLoader[Any], iterator: Iterator[Any]) -> None:
         self._iterator = iterator

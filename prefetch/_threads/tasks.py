@@ -19,12 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol
 
+from prefetch._shared.epoch import release_source
+
 
 class Tasks(Protocol):
     """The source of an engine: ordered draws, parallel runs (see the module)."""
 
-    runs: bool
-    """Whether :meth:`run` does anything (``False``: the draw made the item)."""
+    parallel: bool
+    """Whether :meth:`run` does the work, so several threads can share it (``False``: the
+    draw made the item, and one thread does everything)."""
 
     def draw(self) -> Any:
         """Return the next task; raise ``StopIteration`` at the end (one caller at a time)."""
@@ -40,35 +43,15 @@ class ProducerSpec(NamedTuple):
     """What the engine's threads do besides drawing and running.
 
     Attributes:
-        owned: Whether the source iterator was created by us (see :func:`release_source`).
         prepare: Applied to each item in the thread (pinning), or ``None``.
         read_state: Called right after each draw (and after the end), in draw
             order, to capture the source's checkpoint state, or ``None``.
         setup: Called first in each thread (device selection, thread count).
     """
 
-    owned: bool
     prepare: Callable[[Any], Any] | None = None
     read_state: Callable[[], Any] | None = None
     setup: Callable[[], None] | None = None
-
-
-def release_source(source: Iterator[Any], owned: bool) -> None:
-    """Shut down what the source iterator holds, as dropping it would.
-
-    A multi-process DataLoader iterator stops its workers (unless they are
-    persistent: the DataLoader reuses them next epoch). A generator we
-    created with ``iter()`` is closed so its ``finally`` blocks run now; one
-    the user passed in (``owned`` false) is left alone.
-    """
-    shutdown = getattr(source, "_shutdown_workers", None)
-    if callable(shutdown):
-        if not getattr(source, "_persistent_workers", False):
-            shutdown()
-        return
-    close = getattr(source, "close", None)
-    if owned and callable(close):
-        close()
 
 
 class IteratorTasks:
@@ -81,7 +64,7 @@ class IteratorTasks:
     """
 
     __slots__ = ("owned", "source")
-    runs = False
+    parallel = False
 
     def __init__(self, source: Iterator[Any], owned: bool) -> None:
         self.source = source
@@ -96,5 +79,5 @@ class IteratorTasks:
         return task, 0.0
 
     def release(self) -> None:
-        """Release the source iterator (see :func:`release_source`)."""
+        """Release the source iterator (see :func:`~prefetch._shared.epoch.release_source`)."""
         release_source(self.source, self.owned)

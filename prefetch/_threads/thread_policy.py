@@ -1,7 +1,7 @@
-"""How a ``BackgroundLoader`` with parallel fetch sets its thread count: ``"auto"`` or fixed.
+"""How ``BackgroundLoader(fetch_threads="auto")`` sets its thread count: :class:`ThreadPolicy`.
 
-Both have one interface (:class:`ThreadControl`), so the engine treats a
-fixed count as a policy that never changes its mind.
+The cycle it shares with the depth policy (epochs, holds, changes, events)
+and the fixed count are :mod:`prefetch._threads.policy`.
 
 The policy runs on the consumer's thread, which reports after hand-offs
 (every one, or fewer) figures cumulative over the epoch (see
@@ -64,10 +64,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Protocol
 
 from prefetch._shared.arguments import check_count
-from prefetch._shared.stats import LoaderStats, ThreadEvent
+from prefetch._shared.stats import LoaderStats
+from prefetch._threads.policy import THREADS, AdaptivePolicy
 
 START_THREADS = 2
 """Threads of a new adaptive loader: parallel from the start, cheap if the loader is ahead."""
@@ -89,67 +89,6 @@ MIN_WINDOW_ITEMS = 8
 """Fewest batches in a window."""
 MIN_WINDOW_SECONDS = 0.05
 """Shortest window: switch intervals and timer noise are milliseconds."""
-
-
-class ThreadControl(Protocol):
-    """What the engine of one loader asks of its fetch thread count (see the module)."""
-
-    threads: int
-    maximum: int
-    adaptive: bool
-
-    def start_epoch(self, stats: LoaderStats) -> None:
-        """Begin an epoch whose stats receive the count (and its changes)."""
-
-    def drives(self, stats: LoaderStats) -> bool:
-        """Whether ``stats`` belong to the epoch this control adapts."""
-
-    def observe(
-        self,
-        *,
-        now: float,
-        items: int,
-        waited: float,
-        busy_seconds: float,
-        cpu_seconds: float,
-        largest_item: int,
-    ) -> int | None:
-        """Take hand-offs into account; return the new count if it changed."""
-
-
-class FixedThreads:
-    """A thread count that never changes, behind :class:`ThreadControl`.
-
-    Args:
-        threads: The count, an int >= 1.
-
-    Example:
-        >>> control = FixedThreads(4)
-        >>> stats = LoaderStats()
-        >>> control.start_epoch(stats)
-        >>> stats.fetch_threads, control.maximum, control.adaptive, control.drives(stats)
-        (4, 4, False, False)
-        >>> control.observe(now=1.0, items=8, waited=0.5, busy_seconds=4.0,
-        ...                 cpu_seconds=0.1, largest_item=0) is None
-        True
-    """
-
-    adaptive = False
-
-    def __init__(self, threads: int) -> None:
-        self.threads = self.maximum = check_count(threads, "threads", "FixedThreads")
-
-    def start_epoch(self, stats: LoaderStats) -> None:
-        """Record the count in the epoch's stats."""
-        stats.fetch_threads = stats.peak_fetch_threads = self.threads
-
-    def drives(self, stats: LoaderStats) -> bool:
-        """Never: a fixed count is not adapted (the consumer does not report to it)."""
-        return False
-
-    def observe(self, **report: float) -> int | None:
-        """Ignore the report (the :class:`ThreadControl` keywords): the count stays."""
-        return None
 
 
 def available_cores() -> int:
@@ -227,7 +166,7 @@ class _Hold:
     windows: int = 0  # windows at the held count since
 
 
-class ThreadPolicy:
+class ThreadPolicy(AdaptivePolicy):
     """Chooses the fetch thread count of one loader from what the hand-offs report.
 
     Args:
@@ -240,7 +179,7 @@ class ThreadPolicy:
         >>> policy = ThreadPolicy(cores=2)
         >>> stats = LoaderStats(started=0.0)
         >>> policy.start_epoch(stats)
-        >>> policy.threads
+        >>> policy.value
         2
         >>> # A batch every 0.5 s, the loop waiting 0.375 s of it; each batch
         >>> # took a thread 1 s, 0.125 s of it on the CPU (mostly I/O).
@@ -256,7 +195,7 @@ class ThreadPolicy:
         the CPU ceiling of 16 threads (2 cores, 12% of the threads' busy time on CPU)
     """
 
-    adaptive = True
+    setting = THREADS
 
     def __init__(
         self,
@@ -267,19 +206,13 @@ class ThreadPolicy:
         start: int | None = None,
     ) -> None:
         owner = "ThreadPolicy"
-        self.maximum = check_count(
-            DEFAULT_MAX_THREADS if maximum is None else maximum, "maximum", owner
-        )
+        most = check_count(DEFAULT_MAX_THREADS if maximum is None else maximum, "maximum", owner)
+        first = START_THREADS if start is None else check_count(start, "start", owner)
+        super().__init__(min(first, most), most)
         self.cores = available_cores() if cores is None else check_count(cores, "cores", owner)
         self.max_bytes = None if max_bytes is None else check_count(max_bytes, "max_bytes", owner)
-        first = START_THREADS if start is None else check_count(start, "start", owner)
-        self.threads = min(first, self.maximum)
-        self._stats = LoaderStats()
-        self._now = 0.0
-        self._items = 0
-        self._reason = ""
         self._probe: tuple[int, Window] | None = None  # (count before a growth, its window)
-        self._hold: _Hold | None = None
+        self._held_count: _Hold | None = None  # the count held after a probe that did not pay
         self._failures = 0  # probes that did not pay, ever: the back-off
         self._carry = _NOTHING  # a partial window from the previous epoch
         self._start_epoch_marks()
@@ -287,12 +220,7 @@ class ThreadPolicy:
     def _start_epoch_marks(self) -> None:
         self._mark: Window | None = None  # the report the window began at (None: settling)
         self._last: Window | None = None
-        self._settle_until = self.threads  # the first batch always waits; rounds fill
-        self._held: set[str] = set()
-
-    def drives(self, stats: LoaderStats) -> bool:
-        """Whether ``stats`` belong to the epoch this policy adapts (the latest one)."""
-        return self._stats is stats
+        self._settle_until = self.value  # the first batch always waits; rounds fill
 
     def start_epoch(self, stats: LoaderStats) -> None:
         """Begin an epoch whose stats receive the count and its changes.
@@ -303,8 +231,7 @@ class ThreadPolicy:
         """
         if self._mark is not None and self._last is not None:
             self._carry = self._mark.to(self._last, self._carry)
-        self._stats = stats
-        stats.fetch_threads = stats.peak_fetch_threads = self.threads
+        super().start_epoch(stats)
         self._start_epoch_marks()
 
     def observe(
@@ -333,10 +260,10 @@ class ThreadPolicy:
         """
         self._now, self._items = now, items
         by_bytes = self._byte_bound(largest_item)
-        if by_bytes is not None and self.threads > by_bytes:
+        if by_bytes is not None and self.value > by_bytes:
             self._reason = f"cut: {self._bytes_text(by_bytes, largest_item)}"
-            self._probe = self._hold = None
-            return self._change(by_bytes)
+            self._probe = self._held_count = None
+            return self._change(by_bytes, self._reason)
         point = self._last = Window(now, items, waited, busy_seconds, cpu_seconds)
         mark = self._mark
         if mark is None:
@@ -344,20 +271,20 @@ class ThreadPolicy:
                 self._mark = point
             return None
         window = mark.to(point, self._carry)
-        enough = max(MIN_WINDOW_ITEMS, WINDOW_ROUNDS * self.threads)
+        enough = max(MIN_WINDOW_ITEMS, WINDOW_ROUNDS * self.value)
         if window.items < enough or window.seconds < MIN_WINDOW_SECONDS:
             return None
         self._mark, self._carry = point, _NOTHING
         new = self._decide(window, largest_item)
-        if new is None or new == self.threads:
+        if new is None or new == self.value:
             return None
-        return self._change(new)
+        return self._change(new, self._reason)
 
     def _decide(self, window: Window, largest_item: int) -> int | None:
         """Decide on one full window: a verdict on a probe, a growth, or a hold."""
-        n, w = self.threads, window.wait_share
-        if self._hold is not None:
-            self._hold.windows += 1
+        n, w = self.value, window.wait_share
+        if self._held_count is not None:
+            self._held_count.windows += 1
         if self._probe is not None:
             previous, before = self._probe
             self._probe = None
@@ -365,8 +292,8 @@ class ThreadPolicy:
             needed = needed_gain(before.wait_share)
             if gain < needed:
                 self._failures += 1
-                self._hold = _Hold(previous, n, before, before.wait_share)
-                self._held.add("tried")  # the revert says it; no hold event this epoch
+                self._held_count = _Hold(previous, n, before, before.wait_share)
+                self._holds_recorded.add("tried")  # the revert says it; no hold event this epoch
                 self._reason = (
                     f"revert: {n} threads gave {_rate(window)}, {gain:+.0%} on "
                     f"{previous} threads ({_rate(before)}; {needed:.0%} needed); "
@@ -376,7 +303,7 @@ class ThreadPolicy:
         if w < MIN_WAIT_SHARE:
             return None
         again = ""
-        hold = self._hold
+        hold = self._held_count
         if hold is not None:
             then = hold.before
             backing_off = hold.windows < 2**self._failures
@@ -392,7 +319,7 @@ class ThreadPolicy:
                     f"now {_rate(window)}, waiting {w:.0%}",
                 )
                 return None
-            self._hold = None
+            self._held_count = None
         limit, kind, text = self._limit(window, largest_item)
         if n >= limit:
             self._record_hold(kind, f"hold: the loop waited {w:.0%} of the time; at {text}")
@@ -434,22 +361,9 @@ class ThreadPolicy:
             f"of {_size(largest_item)} in flight"
         )
 
-    def _record_hold(self, kind: str, reason: str) -> None:
-        """Record, once per epoch and kind, why a window with waits kept the count."""
-        if kind not in self._held:
-            self._held.add(kind)
-            self._event(self.threads, reason)
-
-    def _event(self, new: int, reason: str) -> None:
-        stats = self._stats
-        seconds = self._now - stats.started if stats.started is not None else 0.0
-        stats.thread_events.append(ThreadEvent(self._items, seconds, self.threads, new, reason))
-
-    def _change(self, new: int) -> int:
-        stats, old = self._stats, self.threads
-        self._event(new, self._reason)
-        self.threads = stats.fetch_threads = new
-        stats.peak_fetch_threads = max(stats.peak_fetch_threads or 0, new)
+    def _change(self, new: int, reason: str) -> int:
+        old = self.value
+        super()._change(new, reason)
         self._mark, self._carry = None, _NOTHING  # measure afresh once the new count settled
         self._settle_until = self._items + max(old, new)
         return new

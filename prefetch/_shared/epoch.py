@@ -1,0 +1,212 @@
+"""One epoch's life, the same for every wrapper: opened by ``iter()``, stopped once.
+
+A wrapper's ``iter()`` (:meth:`~prefetch._shared.wrapper.LoaderWrapper.__iter__`,
+the one place that opens epochs) calls ``iter()`` on the wrapped loader,
+starts an :class:`EpochRecord` and asks the wrapper for the epoch's iterator,
+an :class:`EpochIterator`. The wrapper keeps its epochs in an
+:class:`OpenEpochs` registry, each with the :class:`Stoppable` its iterator
+registered: what stops the epoch's threads, or releases its source, even once
+the iterator itself is gone.
+
+Invariants:
+
+* **The registry never holds an iterator.** It keeps a weak reference and
+  the :class:`Stoppable`, which holds no reference to the iterator, so a
+  dropped iterator is collected and its finalizer stops the epoch.
+* **Stopped once, said why.** An epoch that a newer one had to stop
+  (:meth:`EpochIterator._invalidate`) raises ``RuntimeError`` with the reason
+  on its next ``next()``, then ``StopIteration``: it never ends silently.
+* **Waited out.** :meth:`OpenEpochs.stop_all` with ``wait=True`` returns only
+  once every registered epoch's threads have left its source (a ``DataLoader``
+  with persistent workers may then reset its one iterator).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any, NoReturn, Protocol, TypeVar
+
+from prefetch._shared.stats import LoaderStats
+
+T = TypeVar("T")
+E = TypeVar("E", bound="EpochIterator[Any]")
+
+CLOSE_TIMEOUT = 10.0
+"""Longest a stop waits for an epoch's threads (shutting down DataLoader workers)."""
+STUCK_GRACE = 0.2
+"""How long a stop waits for a thread that is blocked inside the source."""
+
+
+class EpochRecord:
+    """What a wrapper keeps of an epoch without holding its iterator.
+
+    Attributes:
+        stats: The epoch's :class:`~prefetch.LoaderStats`, shared with its iterator.
+        state: The wrapped loader's checkpoint state as of the last item handed
+            to the training loop (``None`` unless the loader is stateful).
+        source_ended: Whether the epoch's source raised ``StopIteration``
+            (a one-shot source is then used up).
+        largest_item: Bytes of the largest item this loader produced so far,
+            earlier epochs included (0: unknown); a hint for the byte bound.
+    """
+
+    __slots__ = ("largest_item", "source_ended", "state", "stats")
+
+    def __init__(self, state: Any, largest_item: int = 0) -> None:
+        self.stats = LoaderStats(started=time.perf_counter())
+        self.state = state
+        self.source_ended = False
+        self.largest_item = largest_item
+
+
+class Stoppable(Protocol):
+    """What stops an epoch without its iterator: an engine, or a source to release."""
+
+    def stop(self) -> None:
+        """Ask the epoch to stop (any thread, any number of times)."""
+
+    def join(self, *, timeout: float, stuck_grace: float) -> bool:
+        """Wait for the epoch's threads to leave its source; return whether they all did."""
+
+
+class EpochIterator(Iterator[T]):
+    """Base of the iterator an ``iter()`` of a wrapper returns: one epoch.
+
+    Subclasses set ``_record`` and ``_stopper`` and implement :meth:`_finish`
+    and :meth:`_is_over`.
+    """
+
+    _record: EpochRecord
+    _stopper: Stoppable
+    _invalid: str | None = None  # why a newer epoch stopped this one, until raised
+
+    @property
+    def stats(self) -> LoaderStats:
+        """This epoch's :class:`~prefetch.LoaderStats`."""
+        return self._record.stats
+
+    def __iter__(self: E) -> E:
+        return self
+
+    def close(self) -> None:
+        """Stop the epoch: batches in flight are dropped and the source is released.
+
+        Returns within about ``0.2`` s even if a thread is blocked inside the
+        source (it then exits by itself when the source returns).
+        """
+        self._finish()
+
+    def __enter__(self: E) -> E:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _finish(self) -> None:
+        """Stop the epoch and release what it holds (idempotent)."""
+        raise NotImplementedError
+
+    def _is_over(self) -> bool:
+        """Whether the epoch has nothing more to hand over."""
+        raise NotImplementedError
+
+    def _raised(self, error: BaseException) -> bool:
+        """Whether ``error`` is an error of the source that this iterator re-raised."""
+        return False
+
+    def _invalidate(self, reason: str) -> None:
+        """Stop this epoch because a newer one cannot run beside it.
+
+        The next ``next()`` raises ``RuntimeError(reason)``, later ones
+        ``StopIteration``. Nothing is raised if the epoch was already over.
+        """
+        if not self._is_over():
+            self._invalid = reason
+        self._finish()
+
+    def _end(self) -> NoReturn:
+        """Raise what a finished epoch raises: why it was stopped (once), then ``StopIteration``."""
+        reason, self._invalid = self._invalid, None
+        if reason is not None:
+            raise RuntimeError(reason)
+        raise StopIteration
+
+
+def raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
+    """Whether ``error`` came out of the epoch ``source`` as its source's own error.
+
+    Lets a consumer tell a ``KeyboardInterrupt`` raised *by the source* (to be
+    delivered in order) from one raised on its own thread (Ctrl-C).
+    """
+    return isinstance(source, EpochIterator) and source._raised(error)
+
+
+class OpenEpochs:
+    """A wrapper's epochs that may still hold its source, and the latest one's record.
+
+    Example:
+        >>> epochs = OpenEpochs()
+        >>> epochs.last is None
+        True
+    """
+
+    def __init__(self) -> None:
+        self._open: list[tuple[weakref.ref[EpochIterator[Any]], Stoppable]] = []
+        self.last: EpochRecord | None = None
+
+    def add(self, iterator: EpochIterator[Any]) -> None:
+        """Register an epoch that was just opened; it becomes the latest."""
+        self._open.append((weakref.ref(iterator), iterator._stopper))
+        self.last = iterator._record
+
+    def stop_all(self, *, reason: str | None, wait: bool) -> None:
+        """Stop every registered epoch; with ``reason``, its next ``next()`` says why.
+
+        With ``wait``, return only once every epoch's threads have left its
+        source (however long the source takes to return).
+        """
+        epochs, self._open = self._open, []
+        for ref, stopper in epochs:
+            iterator = ref()
+            if iterator is None:  # dropped: its threads may still be inside the source
+                stopper.stop()
+                stopper.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
+            elif reason is not None:
+                iterator._invalidate(reason)
+            else:
+                iterator.close()
+            del iterator
+            while wait and not stopper.join(timeout=0.1, stuck_grace=0.1):
+                pass  # e.g. before persistent workers are reset: wait them out
+
+    def forget_dropped(self) -> None:
+        """Stop and forget the epochs whose iterator was dropped; keep the others."""
+        kept = []
+        for entry in self._open:
+            ref, stopper = entry
+            if ref() is not None:
+                kept.append(entry)
+            else:
+                stopper.stop()
+                stopper.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
+        self._open = kept
+
+
+def release_source(source: Iterator[Any], owned: bool) -> None:
+    """Shut down what the source iterator holds, as dropping it would.
+
+    A multi-process DataLoader iterator stops its workers (unless they are
+    persistent: the DataLoader reuses them next epoch). A generator we
+    created with ``iter()`` is closed so its ``finally`` blocks run now; one
+    the user passed in (``owned`` false) is left alone.
+    """
+    shutdown = getattr(source, "_shutdown_workers", None)
+    if callable(shutdown):
+        if not getattr(source, "_persistent_workers", False):
+            shutdown()
+        return
+    close = getattr(source, "close", None)
+    if owned and callable(close):
+        close()

@@ -1,0 +1,116 @@
+"""The package's layout: three folders in layers, and no private doors between modules.
+
+``prefetch/_shared`` is used by both sides and uses neither; ``_threads`` (the
+background threads) uses ``_shared``; ``_device`` (the stream copies) may use
+both. A module reads another module's private names only where the two are
+declared partners or the name is a hook that :class:`LoaderWrapper` declares.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import prefetch
+
+ROOT = pathlib.Path(prefetch.__file__).parent
+LAYERS = {"_shared": 0, "_threads": 1, "_device": 2}
+"""A folder may import from folders of its own layer or below."""
+PARTNERS = {("_shared/checkpointing.py", "_shared/wrapper.py")}
+"""(reader, owner): modules that read each other's private names by design."""
+HOOKS = {"_open_epoch", "_start_state", "_copied_to"}
+"""Hooks LoaderWrapper declares: any wrapper may call them on the wrapper it wraps."""
+
+
+def modules() -> dict[str, ast.Module]:
+    """Every module of the package, by its path relative to the package."""
+    return {
+        path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+        for path in sorted(ROOT.rglob("*.py"))
+    }
+
+
+def private_names(tree: ast.Module) -> set[str]:
+    """The ``_names`` a module defines: functions, classes, attributes it assigns or declares."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def foreign_reads(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, name)`` of each ``x._name`` read where ``x`` is not ``self`` or ``cls``."""
+    reads = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and ast.unparse(node.value) not in ("self", "cls")
+        ):
+            reads.append((node.lineno, node.attr))
+    return reads
+
+
+class TestLayers:
+    """Each folder imports only from its own layer or below."""
+
+    def test_no_flat_internal_modules(self) -> None:
+        """Internal modules live in _shared, _threads or _device, not beside __init__."""
+        flat = sorted(path.name for path in ROOT.glob("_[a-z]*.py"))
+        assert flat == [], f"internal modules belong in a folder: {flat}"
+        assert {path.name for path in ROOT.glob("_*") if path.is_dir()} >= set(LAYERS)
+
+    def test_imports_go_down(self) -> None:
+        """_shared imports neither side; _threads does not import _device."""
+        wrong = []
+        for name, tree in modules().items():
+            folder = name.split("/")[0]
+            if folder not in LAYERS:
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prefetch."):
+                    target = node.module.split(".")[1]  # type: ignore[union-attr]
+                    if target in LAYERS and LAYERS[target] > LAYERS[folder]:
+                        wrong.append(f"{name}:{node.lineno} imports {node.module}")
+        assert wrong == []
+
+
+class TestNoPrivateDoors:
+    """No module reads another module's private names, except partners and declared hooks."""
+
+    def test_only_partners_and_hooks(self) -> None:
+        """A private name read from another object is this module's own, a hook or a partner's."""
+        trees = modules()
+        defined = {name: private_names(tree) for name, tree in trees.items()}
+        doors = []
+        for name, tree in trees.items():
+            for line, attr in foreign_reads(tree):
+                if attr in defined[name] or attr in HOOKS:
+                    continue
+                owners = [other for other, names in defined.items() if attr in names]
+                if owners and not any((name, owner) in PARTNERS for owner in owners):
+                    doors.append(f"{name}:{line} reads {attr} of {', '.join(owners)}")
+        assert doors == []
+
+    @pytest.mark.parametrize("hook", sorted(HOOKS))
+    def test_hooks_are_declared_by_the_wrapper_base(self, hook: str) -> None:
+        """Every hook named above is a method of LoaderWrapper (so it is declared, not a door)."""
+        from prefetch._shared.wrapper import LoaderWrapper
+
+        assert callable(getattr(LoaderWrapper, hook, None))
+
+    def test_the_check_finds_a_door(self) -> None:
+        """The check flags a read of another module's private name (its control)."""
+        tree = ast.parse("def peek(engine):\n    return engine._in_flight\n")
+        engine = private_names(modules()["_threads/engine.py"])
+        assert foreign_reads(tree) == [(2, "_in_flight")] and "_in_flight" in engine
