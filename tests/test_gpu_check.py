@@ -59,9 +59,14 @@ def run_script(
     bin_dir.mkdir()
     site.mkdir()
     (site / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
-    smi = bin_dir / "nvidia-smi"  # ahead of any real one on PATH
-    smi.write_text(FAKE_SMI if fake_gpu else NO_GPU_SMI, encoding="utf-8")
-    smi.chmod(0o755)
+    shims = {  # ahead of any real ones on PATH: every Python the script tries is this one
+        "nvidia-smi": FAKE_SMI if fake_gpu else NO_GPU_SMI,
+        "python3": f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',
+        "python": f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',
+    }
+    for name, text in shims.items():
+        (bin_dir / name).write_text(text, encoding="utf-8")
+        (bin_dir / name).chmod(0o755)
     env = {key: value for key, value in os.environ.items() if key != "GPU_CHECK_DRY_RUN"}
     out = tmp_path / "out"
     env.update(
