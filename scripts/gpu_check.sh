@@ -141,9 +141,11 @@ counts=$(grep -E '^=+ .* in [0-9.]+s' "$GPU_OUT/tests.txt" | tail -n 1 | tr -d '
     echo "gpu-check: tests: exit $tests_rc (${counts:-no summary line}; 124 or 137: past $TEST_LIMIT s)"
     echo "gpu-check: benchmark: exit $bench_rc (124 or 137: past $BENCH_LIMIT s)"
     clocks after
-    for name in $FILES; do
-        [ -f "$GPU_OUT/$name" ] && echo "gpu-check: wrote $name ($(wc -c <"$GPU_OUT/$name") bytes)"
+    for name in $FILES; do  # check.txt is still being written
+        [ -f "$GPU_OUT/$name" ] && [ "$name" != check.txt ] &&
+            echo "gpu-check: wrote $name ($(wc -c <"$GPU_OUT/$name") bytes)"
     done
+    echo "gpu-check: wrote check.txt (this summary)"
     echo "gpu-check: $(($(date +%s) - started)) s; exit $status"
 } | tee -a "$summary"
 exit "$status"
