@@ -2,7 +2,8 @@
 
 Run ``python -m benchmarks`` from the repository root (``make bench``);
 ``--help`` lists the options. They live outside the :mod:`prefetch` package
-(not in its wheel) and need the ``bench`` extra (``pip install -e ".[bench]"``).
+(not in its wheel) and need the ``bench`` extra (``pip install -e ".[bench]"``);
+each workload needs only the parts of it that it uses.
 Workloads:
 
 * ``handoff`` - cost of handing one tiny item between threads, by depth;
@@ -20,10 +21,13 @@ Workloads:
   a million file names, next to threads.
 
 Every configuration runs several times, interleaved, and the reports give
-medians and medians of per-repeat ratios. Results go to ``docs/benchmarks/``
-as ``results.json``, ``results.rst`` and PNG plots (``depth_trace.png``: the
-trace of ``depth="auto"`` on the bursty workload; ``jpeg.png``: throughput
-against concurrency per method, both settings).
+medians and medians of per-repeat ratios. Results go to ``runs/bench/`` (ignored
+by git; ``--out`` picks another folder, and ``make bench-docs`` writes the
+committed ``docs/benchmarks/``) as ``results.json``, ``results.rst`` and PNG
+plots (``depth_trace.png``: the trace of ``depth="auto"`` on the bursty
+workload; ``jpeg.png``: throughput against concurrency per method, both
+settings). With ``--check`` the exit status says whether every target holds
+(see :mod:`benchmarks.__main__`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,21 @@
-"""Command line: ``python -m benchmarks [--workloads W,...] [--repeats N] [--quick] [--out D]``.
+"""Command line: ``python -m benchmarks [--workloads W,...] [--quick] [--out D] [--check]``.
 
-Run it from the repository root (``make bench`` does).
+Run it from the repository root. ``make bench`` runs every workload with
+``--check`` into ``runs/bench/`` (ignored by git, so a run never changes a
+tracked file); ``make bench-docs`` rewrites the committed page's results in
+``docs/benchmarks/``.
+
+Exit status:
+
+* 0: every selected workload ran (or was skipped, as ``gpu`` is without
+  CUDA); with ``--check``, also every target PASS;
+* 1: a workload raised (its error is in the report; the others still ran);
+* 2: nothing ran: bad arguments, or a distribution of the ``bench`` extra
+  that a selected workload needs is missing (the message says which);
+* 3: only with ``--check``: every workload ran, but some target is MISS.
+
+Each workload needs only the extras it uses (:data:`WORKLOAD_EXTRAS`): the
+``gpu`` workload runs without ``prefetch_generator``, for example.
 
 See :mod:`benchmarks` for the workloads.
 """
@@ -28,8 +43,15 @@ from benchmarks import WORKLOADS
 from benchmarks.common import Config, WorkloadResult
 from benchmarks.report import text_table, write_all
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
-"""Where the results go by default: the repository's ``docs/benchmarks/``, not the cwd's."""
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "runs" / "bench"
+"""Where the results go by default: the repository's ``runs/bench/`` (ignored by git), not the
+cwd's: a run never rewrites the committed page (``make bench-docs`` passes ``--out``)."""
+DOCS_RESULTS = ROOT / "docs" / "benchmarks"
+"""The results the documentation includes (``make bench-docs`` writes them)."""
+
+EXIT_OK, EXIT_ERROR, EXIT_NOT_RUN, EXIT_MISS = 0, 1, 2, 3
+"""Exit statuses: all ran; a workload raised; nothing ran; with ``--check``, a target MISS."""
 
 BENCH_EXTRA = {
     "matplotlib": "matplotlib",
@@ -37,14 +59,28 @@ BENCH_EXTRA = {
     "pillow": "PIL",
     "prefetch_generator": "prefetch_generator",
 }
-"""Distributions of the ``bench`` extra (setup.cfg) that every run needs, and the module of each."""
+"""Distributions of the ``bench`` extra (setup.cfg) that some workload needs, and their modules."""
+PLOTS = ("matplotlib",)
+"""What drawing a workload's plot needs (every workload draws one)."""
+WORKLOAD_EXTRAS: dict[str, tuple[str, ...]] = {
+    "handoff": ("prefetch_generator", *PLOTS),
+    "jittery": ("prefetch_generator", *PLOTS),
+    "bursty": ("prefetch_generator", *PLOTS),  # it imports jittery's variants
+    "pipeline": ("prefetch_generator", *PLOTS),  # DataLoaderX iterates through it
+    "gpu": PLOTS,  # torch only, and matplotlib for its plot
+    "control": ("prefetch_generator", *PLOTS),
+    "jpeg": ("numpy", "pillow", *PLOTS),  # writes and decodes the JPEG files
+    "cow": ("numpy", "pillow", *PLOTS),  # its child processes import the jpeg dataset
+}
+"""The distributions of :data:`BENCH_EXTRA` each workload needs; a run checks only those of the
+workloads it runs (``--workloads gpu`` runs where ``prefetch_generator`` is not installed)."""
 OPTIONAL_EXTRA = {"spdl_core": "spdl", "torchdata": "torchdata"}
 """Distributions of the ``bench`` extra that only some variants need: without one, the ``jpeg``
 workload reports those variants as not available and the rest still run."""
 INSTALL_HINT = 'pip install -e ".[bench]"'
 
 INTRO = (
-    "These figures come from ``python -m benchmarks`` (``make bench``). Each "
+    "These figures come from ``python -m benchmarks`` (``make bench-docs``). Each "
     "variant runs several times, interleaved with the others (A B C A B C ...) so "
     "that drift of a shared machine hits all of them alike; tables give medians, "
     "and ratios are medians of per-repeat ratios. Targets are fixed in advance and "
@@ -77,7 +113,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=RESULTS,
-        help="output folder (default: docs/benchmarks/ of this repository, wherever you run it)",
+        help="output folder (default: runs/bench/ of this repository, wherever you run it; "
+        "make bench-docs writes docs/benchmarks/)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit {EXIT_MISS} when any target is MISS (without it a MISS is reported, exit 0)",
     )
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.workloads.split(",") if name.strip()]
@@ -106,11 +148,23 @@ def _loadavg() -> str:
         return "unknown"
 
 
-def missing_extras() -> list[str]:
-    """Return the distributions of the ``bench`` extra that every run needs but are missing."""
-    return [
-        name for name, module in BENCH_EXTRA.items() if importlib.util.find_spec(module) is None
-    ]
+def missing_extras(workloads: Sequence[str] = WORKLOADS) -> dict[str, list[str]]:
+    """Return the missing distributions ``workloads`` need, each with the workloads needing it."""
+    missing: dict[str, list[str]] = {}
+    for name in workloads:
+        for distribution in WORKLOAD_EXTRAS[name]:
+            if importlib.util.find_spec(BENCH_EXTRA[distribution]) is None:
+                missing.setdefault(distribution, []).append(name)
+    return missing
+
+
+def exit_status(results: Sequence[WorkloadResult], *, check: bool) -> int:
+    """Return the exit status of a run: an error first, then (with ``check``) a MISS."""
+    if any(result.status == "error" for result in results):
+        return EXIT_ERROR
+    if check and any(not t.passed for result in results for t in result.targets):
+        return EXIT_MISS
+    return EXIT_OK
 
 
 def run_workload(name: str, config: Config) -> WorkloadResult:
@@ -130,19 +184,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the selected workloads, print their tables and write the reports.
 
     Returns:
-        0 when every workload ran (or was skipped), 1 when one raised, 2 when
-        the ``bench`` extra is not installed (nothing runs; the message says
-        what to install).
+        The exit status (see the module docstring): :data:`EXIT_OK`,
+        :data:`EXIT_ERROR` when a workload raised, :data:`EXIT_NOT_RUN` when
+        an extra a selected workload needs is missing (nothing runs; the
+        message says what to install), and with ``--check``
+        :data:`EXIT_MISS` when a target is MISS.
     """
     args = parse_args(argv)
-    missing = missing_extras()
+    missing = missing_extras(args.workloads)
     if missing:
+        needs = "; ".join(f"{dist} (for {', '.join(names)})" for dist, names in missing.items())
         print(
-            f"The benchmarks need the bench extra; missing: {', '.join(missing)}. "
-            f"Install it from the repository root with: {INSTALL_HINT}",
+            f"The benchmarks need the bench extra; missing: {needs}. "
+            f"Install it from the repository root with: {INSTALL_HINT}, "
+            "or choose other workloads with --workloads.",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_NOT_RUN
     config = Config(repeats=args.repeats, quick=args.quick)
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -186,7 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     passed = sum(t.passed for t in targets)
     print(f"\n{passed}/{len(targets)} targets PASS; {meta['seconds']} s in all.")
     print("Wrote " + ", ".join(str(path) for path in written))
-    return 1 if any(r.status == "error" for r in results) else 0
+    status = exit_status(results, check=args.check)
+    if status == EXIT_ERROR:
+        print(f"exit {status}: a workload raised (see its error above)")
+    elif status == EXIT_MISS:
+        print(f"exit {status} (--check): {len(targets) - passed} target(s) MISS")
+    return status
 
 
 if __name__ == "__main__":

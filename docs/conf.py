@@ -136,7 +136,7 @@ def _fallback_results(app: object, docname: str, source: list[str]) -> None:
     if docname == "benchmarks" and not (DOCS / RESULTS).exists():
         source[0] = source[0].replace(
             f".. include:: {RESULTS}",
-            ".. note::\n\n   No results yet: run ``make bench`` to produce them.",
+            ".. note::\n\n   No results yet: run ``make bench-docs`` to produce them.",
         )
 
 

@@ -156,9 +156,9 @@ class TestCommandLine:
         with pytest.raises(SystemExit):
             parse_args(["--repeats", "0"])
 
-    def test_default_output_is_the_repository_docs(self) -> None:
-        """Results go to this repository's docs/benchmarks/, whatever the working directory."""
-        assert RESULTS == ROOT / "docs" / "benchmarks"
+    def test_default_output_is_the_repository_runs_folder(self) -> None:
+        """Results go to this repository's runs/bench/, whatever the working directory."""
+        assert RESULTS == ROOT / "runs" / "bench"
         assert parse_args([]).out == RESULTS
 
     def test_bench_extra_is_the_setup_cfg_extra(self) -> None:

@@ -10,6 +10,9 @@ fills blocks on the stream whose pool the racing allocation will use.
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +25,51 @@ BASE = 1000.0
 POISON = -7.0e6
 SLOW_CYCLES = 20_000_000  # ~10 ms of spinning on the GPU
 ELEMENTS = 1 << 20
+
+
+def busy_gpu(seconds: float) -> int:
+    """Run 4096x4096 matrix products for ``seconds``, synchronizing; return how many ran.
+
+    The GPU's clock rises under this load, so GPU-time calibrations that follow
+    measure the clock the test runs at, not the idle one.
+    """
+    matrix = torch.randn(4096, 4096, device="cuda")
+    product = torch.empty_like(matrix)
+    count = 0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        for _ in range(4):
+            torch.mm(matrix, matrix, out=product)
+        torch.cuda.synchronize()
+        count += 4
+    return count
+
+
+def elapsed_ms(loop: Callable[[], object]) -> float:
+    """Run ``loop`` once and return its GPU time, measured with CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    loop()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def median_ms(loop: Callable[[], object], probes: int = 3) -> float:
+    """The median GPU time of ``probes`` runs of ``loop`` (after one unmeasured run)."""
+    elapsed_ms(loop)
+    return statistics.median(elapsed_ms(loop) for _ in range(probes))
+
+
+def sleep_cycles_for(milliseconds: float) -> int:
+    """The ``torch.cuda._sleep`` argument that spins for about ``milliseconds``, at today's clock.
+
+    ``_sleep`` spins for a number of GPU cycles, so its time depends on the
+    clock: call it on a warm GPU (see :func:`busy_gpu`).
+    """
+    probe = 10_000_000
+    return int(probe * milliseconds / median_ms(lambda: torch.cuda._sleep(probe)))
 
 
 def expected(n: int) -> list[float]:

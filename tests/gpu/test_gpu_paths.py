@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 from prefetch import BackgroundLoader, CudaPrefetcher, Normalize
 
-from .gpu_helpers import expected, host_batches
+from .gpu_helpers import busy_gpu, elapsed_ms, expected, host_batches, median_ms, sleep_cycles_for
 
 pytestmark = [
     pytest.mark.gpu,
@@ -19,34 +21,15 @@ pytestmark = [
 ]
 
 
-def elapsed_ms(loop: Any) -> float:
-    """Run ``loop`` once and return its GPU time, measured with CUDA events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    loop()
-    end.record()
-    torch.cuda.synchronize()
-    return float(start.elapsed_time(end))
-
-
-def sleep_cycles_for(milliseconds: float) -> int:
-    """The ``torch.cuda._sleep`` argument that spins for about ``milliseconds``."""
-    probe = 10_000_000
-    elapsed_ms(lambda: torch.cuda._sleep(probe))  # warm up
-    return int(probe * milliseconds / elapsed_ms(lambda: torch.cuda._sleep(probe)))
-
-
 class TestOverlap:
     """With a step longer than the copy, prefetching hides the copy behind it."""
 
     def test_prefetched_epoch_at_most_three_quarters_of_plain(self) -> None:
         """prefetched <= 0.75 x plain for 20 steps, each 1.5x as long as one batch's copy."""
         batches = host_batches(20, 1 << 24)  # 64 MiB each, pinned
-        copy_ms = min(
-            elapsed_ms(lambda: batches[0].to("cuda", non_blocking=True)) for _ in range(3)
-        )
-        cycles = sleep_cycles_for(1.5 * copy_ms)
+        busy_gpu(0.5)  # pinning 1.3 GB left the GPU idle: back to its working clock
+        copy_ms = median_ms(lambda: batches[0].to("cuda", non_blocking=True))
+        cycles = sleep_cycles_for(1.5 * copy_ms)  # median of three probes, warm
         sums: dict[str, list[torch.Tensor]] = {"plain": [], "prefetched": []}
 
         def step(x: torch.Tensor, into: str) -> None:
@@ -64,12 +47,14 @@ class TestOverlap:
         elapsed_ms(plain), elapsed_ms(prefetched)  # warm up
         sums = {"plain": [], "prefetched": []}
         plain_ms, prefetched_ms = elapsed_ms(plain), elapsed_ms(prefetched)
+        step_ms = median_ms(lambda: torch.cuda._sleep(cycles))  # the step as it ran
         print(
-            f"copy {copy_ms:.2f} ms/batch, step {1.5 * copy_ms:.2f} ms; "
+            f"copy {copy_ms:.2f} ms/batch, step {step_ms:.2f} ms (aimed at {1.5 * copy_ms:.2f}); "
             f"epoch plain {plain_ms:.1f} ms, prefetched {prefetched_ms:.1f} ms "
             f"({prefetched_ms / plain_ms:.2f})"
         )
         assert [s.item() for s in sums["prefetched"]] == [s.item() for s in sums["plain"]]
+        assert step_ms >= copy_ms, "the spin got shorter than the copy: the clock changed"
         assert prefetched_ms <= 0.75 * plain_ms
 
 
@@ -142,14 +127,56 @@ class TestNormalizeOnGpu:
 
     def test_first_call_does_not_synchronize(self) -> None:
         """Under sync debug mode 'error', a first epoch with a fresh Normalize does not sync."""
+        skip_unless_sync_debug_raises()
         loader = CudaPrefetcher(uint8_images(3), transform=Normalize(self.MEAN, self.STD))
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with sync_debug_error():
             outputs = [images for images, _ in loader]
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         assert len(outputs) == 3 and all(o.dtype == torch.float32 for o in outputs)
+
+    def test_control_a_synchronizing_transform_raises(self) -> None:
+        """Control: the same loop, with a transform that reads a value back, raises there."""
+        skip_unless_sync_debug_raises()
+        normalize = Normalize(self.MEAN, self.STD)
+
+        def reads_back(batch: Any) -> Any:
+            batch[0].sum().item()  # waits for the GPU: a synchronizing call on the side stream
+            return normalize(batch)
+
+        loader = CudaPrefetcher(uint8_images(3), transform=reads_back)
+        with sync_debug_error(), pytest.raises(RuntimeError, match="synchroniz"):
+            [images for images, _ in loader]
+
+
+@contextlib.contextmanager
+def sync_debug_error() -> Iterator[None]:
+    """Make every synchronizing CUDA call torch checks raise (process-wide), then restore it."""
+    torch.cuda.synchronize()  # not checked by the mode: only reads back and waits are
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def skip_unless_sync_debug_raises() -> None:
+    """Skip, saying why, unless sync debug mode 'error' raises on ``.item()`` in this build.
+
+    Without that, a loop that runs cleanly under the mode shows nothing.
+    torch checks the calls that copy to the host and wait (``.item()``,
+    ``.cpu()``, ``nonzero``), not ``torch.cuda.synchronize()``.
+    """
+    probe = torch.ones(1, device="cuda")
+    with sync_debug_error():
+        try:
+            probe.item()
+        except RuntimeError as error:
+            if "synchroniz" in str(error):
+                return
+            pytest.skip(f"sync debug mode 'error': .item() raised another error: {error}")
+    pytest.skip(
+        f"torch {torch.__version__}: .item() under set_sync_debug_mode('error') did not "
+        "raise, so a loop running under that mode proves nothing"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
