@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefetch._stream_copier import StreamCopier
+from prefetch._device.copier import StreamCopier
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
