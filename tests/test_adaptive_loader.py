@@ -194,17 +194,17 @@ class TestAdaptsWithThreads:
 
 @pytest.fixture
 def posts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Spy on Engine._post: (items in flight, tensor bytes buffered) after each item posted."""
+    """Spy on Engine.post: (tickets in flight, tensor bytes buffered) after each run posted."""
     seen: list[tuple[int, int]] = []
-    original = Engine._post
+    original = Engine.post
 
-    def spy(self: Engine, *args: Any) -> bool:
-        took_next = original(self, *args)
+    def spy(self: Engine, *args: Any, **kwargs: Any) -> int:
+        took_next = original(self, *args, **kwargs)
         figures = self.snapshot()
         seen.append((figures.in_flight - took_next, figures.buffered_bytes))
         return took_next
 
-    monkeypatch.setattr(Engine, "_post", spy)
+    monkeypatch.setattr(Engine, "post", spy)
     return seen
 
 

@@ -176,18 +176,18 @@ class TestDepth:
     def test_engine_never_exceeds_depth(self, depth: int) -> None:
         """The engine's count of items drawn and not consumed never exceeds depth."""
         seen: list[int] = []
-        original = Engine._post
+        original = Engine.post
 
-        def spy(self: Engine, *args: Any) -> bool:
+        def spy(self: Engine, *args: Any, **kwargs: Any) -> int:
             seen.append(self.snapshot().in_flight)
-            return original(self, *args)
+            return original(self, *args, **kwargs)
 
-        Engine._post = spy  # type: ignore[method-assign]
+        Engine.post = spy  # type: ignore[method-assign]
         try:
             for _ in BackgroundLoader(range(200), depth=depth):
                 time.sleep(0.0005)
         finally:
-            Engine._post = original  # type: ignore[method-assign]
+            Engine.post = original  # type: ignore[method-assign]
         assert max(seen) == depth
 
     @pytest.mark.parametrize("depth", [2.0, None, True])
@@ -274,7 +274,7 @@ class TestErrors:
 
     def test_dead_thread_raises_runtime_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """If the thread dies without a message, next() raises RuntimeError promptly."""
-        monkeypatch.setattr(Engine, "_work", lambda self: self._leave(None, ticket=False))
+        monkeypatch.setattr(Engine, "_work", lambda self, held: self.leave(None, held))
         it = iter(BackgroundLoader(range(3)))
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="exited without"):

@@ -13,6 +13,7 @@ from prefetch._shared.stats import DepthEvent, LoaderStats
 from prefetch._threads.depth_policy import (
     CUT_SAMPLES,
     DEFAULT_MAX_DEPTH,
+    HANDOFF_SECONDS,
     MIN_SAMPLES,
     MIN_WAIT_STEPS,
     SHRINK_WINDOW,
@@ -510,3 +511,44 @@ class TestStatsAndReasons:
         ]
         assert "(4.2 ms/item vs 1 s/step)" in reasons[0]
         assert all(isinstance(r, str) and "{" not in r for r in reasons)
+
+
+class TestQuickItems:
+    """Items quicker than HANDOFF_SECONDS: the hand-off is the cost, so depth may grow."""
+
+    STEP, SOURCE = 2**-17, 2**-16  # about 8 and 15 µs: the producer slower, both quick
+
+    def quick_feed(self, quick_maximum: int | None) -> Feed:
+        policy = DepthPolicy(maximum=32, max_bytes=None, quick_maximum=quick_maximum)
+        feed = Feed(policy)
+        feed.warm_up(step=self.STEP, source=self.SOURCE, blocked=self.STEP)
+        return feed
+
+    def grow(self, feed: Feed, waits: int) -> None:
+        for _ in range(waits):
+            feed.burst(4000.0 * self.STEP, step=self.STEP, source=self.SOURCE, blocked=1.0)
+
+    def test_not_slower_and_up_to_the_quick_ceiling(self) -> None:
+        """A quick producer slower than the loop still grows, past 32, to the quick ceiling."""
+        feed = self.quick_feed(256)
+        self.grow(feed, 12)
+        assert feed.policy.value == 256
+        reasons = [event.reason for event in feed.stats.depth_events]
+        assert not any("slower" in reason for reason in reasons)
+        assert reasons[-1] == "hold: at the ceiling for items quicker than 0.1 ms (256)"
+
+    def test_a_ceiling_you_set_holds(self) -> None:
+        """Without quick_maximum (max_depth given) the same waits stop at max_depth."""
+        feed = self.quick_feed(None)
+        self.grow(feed, 12)
+        assert feed.policy.value == 32
+        assert feed.stats.depth_events[-1].reason == "hold: at max_depth (32)"
+
+    def test_slow_items_keep_the_ceiling(self) -> None:
+        """Items over HANDOFF_SECONDS never pass max_depth, whatever quick_maximum says."""
+        feed = Feed(DepthPolicy(maximum=32, max_bytes=None, quick_maximum=256))
+        feed.warm_up()
+        for _ in range(12):
+            feed.burst(64.0, blocked=64.0)
+        assert feed.policy.value == 32
+        assert HANDOFF_SECONDS < 0.25  # the default Feed's producer: 0.25 s per item

@@ -7,6 +7,7 @@ bounded waits of :mod:`tests.liveness` fail within seconds, naming it.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from prefetch import BackgroundLoader
 from prefetch._threads import engine as engine_module
+from prefetch._threads.engine import Engine
 
 from .liveness import consume, describe, engine_of, take, threads_blocked, wait_for
 
@@ -97,3 +99,31 @@ class TestDescribe:
             )
         finally:
             iterator.close()
+
+
+def slow_items(n: int, seconds: float = 0.02) -> Any:
+    """``range(n)``, each item taking ``seconds``: the consumer waits for every one."""
+    for index in range(n):
+        time.sleep(seconds)
+        yield index
+
+
+@pytest.mark.usefixtures("no_poll")
+class TestALostWakeUpIsCaught:
+    """With one wake-up removed, the checks above fail within seconds (so they can fail)."""
+
+    def test_without_waking_the_consumer(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A consumer waiting for an item is never woken: the bounded take() fails fast."""
+        monkeypatch.setattr(Engine, "_wake_consumer", lambda self: None)
+        started = time.monotonic()
+        with pytest.raises(pytest.fail.Exception, match=r"after 2\.0 s"):
+            consume(BackgroundLoader(slow_items(5), depth=2), timeout=LIVENESS)
+        assert time.monotonic() - started < 3 * LIVENESS
+
+    def test_without_waking_the_producer(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A producer blocked on a full buffer is never woken: the bounded take() fails fast."""
+        monkeypatch.setattr(Engine, "_wake_threads", lambda self: None)
+        started = time.monotonic()
+        with pytest.raises(pytest.fail.Exception, match="blocked on a full buffer"):
+            consume(BackgroundLoader(range(12), depth=2), step=0.002, timeout=LIVENESS)
+        assert time.monotonic() - started < 3 * LIVENESS

@@ -103,22 +103,20 @@ class TestStopWhileBlockedInARead:
 
 class TestReadyCount:
     def test_results_posted_out_of_order_count_as_ready(self) -> None:
-        """Batches posted before an earlier one count as ready once it is posted (depth's input)."""
+        """Batches posted before an earlier one are taken with it, in order, once it is posted."""
         dataset = Gated(20, only={0, *range(5, 20)})  # 1..4 read at once; 0 and 5.. wait
         loader = BackgroundLoader(DataLoader(dataset), depth=4, fetch_threads=2)
         iterator = iter(loader)
         engine = engine_of(iterator)
         try:
-            wait_for(lambda: engine.snapshot().ready == 4, "batches 1..4 posted")
+            wait_for(lambda: engine.snapshot().posted == 4, "batches 1..4 posted")
+            assert engine.snapshot().ready == 0  # batch 0 is missing: nothing in order yet
             dataset.gate.set()  # batch 0 now, after them; 5.. too, but no ticket is free
             wait_for(lambda: engine.snapshot().ready == 5, "batch 0 posted")
             dataset.gate.clear()  # batches 5.. wait again
-            readies = []
-            for index in range(5):
-                (_, batch, _, _), ready, waited = engine.take()
-                assert batch.tolist() == [index] and waited == 0.0
-                readies.append(ready)
-            assert readies == [5, 4, 3, 2, 1]
+            runs, waited = engine.exchange(0, 0, wait=False)
+            assert [run.items[0].tolist() for run in runs] == [[index] for index in range(5)]
+            assert waited == 0.0 and engine.snapshot().ready == 0
         finally:
             dataset.gate.set()
             iterator.close()

@@ -103,8 +103,19 @@ def tensor_nbytes(batch: Any) -> int:
         >>> batch = {"x": torch.zeros(4), "y": [torch.zeros(2, dtype=torch.uint8)]}
         >>> tensor_nbytes(batch)
         18
+        >>> tensor_nbytes(3), tensor_nbytes("text")
+        (0, 0)
     """
+    kind = type(batch)
+    if kind is torch.Tensor:  # the common cases first: this runs once per item
+        return batch.numel() * batch.element_size()  # type: ignore[no-any-return]
+    if kind in _NO_TENSORS:
+        return 0
     return sum(t.numel() * t.element_size() for t in iter_tensors(batch))
+
+
+_NO_TENSORS = frozenset({int, float, bool, complex, str, bytes, type(None)})
+"""Leaf types that hold no tensor storage (checked by exact type)."""
 
 
 def get_item(batch: Any, key: int | str | None) -> Any:

@@ -33,7 +33,10 @@ The rules (the guide explains them with a trace):
   vary does get ahead now and then; for it the depth grows by at most
   :data:`SLOWER_HEADROOM` items beyond the start, a cushion for its jitter,
   and a depth grown while it looked faster is cut back to that once
-  :data:`CUT_SAMPLES` items show it is slower.
+  :data:`CUT_SAMPLES` items show it is slower. Items quicker than
+  :data:`HANDOFF_SECONDS` never count as slower: the loop then waits for the
+  hand-off between threads, which depth does amortize; by default they may
+  grow up to :data:`QUICK_MAX_DEPTH`.
 * **Shrink** when the buffer is never drawn down: if at least ``r >= 3`` items
   were ready at every hand-off over a window of :data:`SHRINK_WINDOW` items
   (or four times the depth, if more), ``r - 2`` slots went unused (one is kept
@@ -62,6 +65,11 @@ START_DEPTH = 2
 """Depth of a new adaptive loader, and the floor it shrinks back to."""
 DEFAULT_MAX_DEPTH = 32
 """Default ceiling on items buffered: a stall of more than 32 steps is not a burst."""
+QUICK_MAX_DEPTH = 256
+"""Default ceiling for items quicker than :data:`HANDOFF_SECONDS`: their cost is the hand-off.
+
+A thread switch costs tens of microseconds; a run of 256 quick items spreads it
+thin, and 256 such items hold little memory (``max_bytes`` still bounds it)."""
 HORIZON = 256
 """Items the step and source averages remember (older ones fade by halves)."""
 SHRINK_WINDOW = 128
@@ -73,6 +81,13 @@ SLOWER_HEADROOM = 2
 
 Such a producer still gets ahead now and then (its times vary) and a slot or
 two catches that; more would hold memory for a deficit no buffer makes up."""
+HANDOFF_SECONDS = 1e-4
+"""Items quicker than this never make a producer count as slower on average.
+
+With items that quick (ints, small records), what the loop waits for is the
+hand-off between the threads (a thread switch costs tens of microseconds),
+which a deeper buffer does amortize: such a loader may grow to ``max_depth``
+(within ``max_bytes``) like one whose producer is ahead."""
 CUT_SAMPLES = 64
 """Fetches averaged before a depth above the headroom is cut for a slower producer.
 
@@ -94,6 +109,10 @@ class DepthPolicy(AdaptivePolicy):
         maximum: Most items ever buffered.
         max_bytes: Most tensor bytes buffered, or ``None`` for no byte limit.
         start: First depth (and the floor when shrinking), capped by ``maximum``.
+        quick_maximum: Most items for a producer quicker than
+            :data:`HANDOFF_SECONDS` per item (the default ceiling lets such
+            items, whose cost is the hand-off, reach :data:`QUICK_MAX_DEPTH`);
+            ``None``: ``maximum``.
 
     Example:
         >>> policy = DepthPolicy(maximum=32, max_bytes=None)
@@ -118,9 +137,17 @@ class DepthPolicy(AdaptivePolicy):
 
     setting = DEPTH
 
-    def __init__(self, *, maximum: int, max_bytes: int | None, start: int = START_DEPTH) -> None:
+    def __init__(
+        self,
+        *,
+        maximum: int,
+        max_bytes: int | None,
+        start: int = START_DEPTH,
+        quick_maximum: int | None = None,
+    ) -> None:
         super().__init__(min(start, maximum), maximum)
         self.max_bytes = max_bytes
+        self.quick_maximum = max(maximum, quick_maximum or maximum)
         self.minimum = self.value
         self._step_sum = self._step_n = 0.0
         self._source_sum = self._source_n = 0.0
@@ -211,7 +238,9 @@ class DepthPolicy(AdaptivePolicy):
         if waited > 0.0 and steps_waited < MIN_WAIT_STEPS:
             return None
         rates = f"{_ms(source)}/item vs {_ms(step)}/step"
-        slower = f"the producer is slower on average ({rates})" if source > step else ""
+        slower = ""
+        if source > step and source >= HANDOFF_SECONDS:
+            slower = f"the producer is slower on average ({rates})"
         headroom = self.minimum + SLOWER_HEADROOM
         if slower and self._source_n >= CUT_SAMPLES and self.value > headroom:
             self._reason = f"shrink: {slower}; {DEFICIT}"  # grown while it looked faster
@@ -227,7 +256,7 @@ class DepthPolicy(AdaptivePolicy):
             else:
                 self._record_hold("never full", NEVER_FULL)
             return None
-        limit, kind, limited_by = self._limit(largest_item)
+        limit, kind, limited_by = self._limit(largest_item, source)
         if slower and headroom < limit:
             limit, kind, limited_by = headroom, "slower", f"{headroom} items: {slower}; {DEFICIT}"
         if self.value >= limit:
@@ -243,14 +272,18 @@ class DepthPolicy(AdaptivePolicy):
             self._reason = f"grow: waited {steps_waited:.1f} steps; {spare_items}"
         return min(self.value + max(1, min(wanted, math.floor(min(could_make, limit)))), limit)
 
-    def _limit(self, largest_item: int) -> tuple[int, str, str]:
+    def _limit(self, largest_item: int, source: float) -> tuple[int, str, str]:
         """Return the depth the bounds allow, which bound, and how to say it."""
+        maximum, text = self.maximum, f"max_depth ({self.maximum})"
+        if self.quick_maximum > maximum and source < HANDOFF_SECONDS:
+            maximum = self.quick_maximum
+            text = f"the ceiling for items quicker than {_ms(HANDOFF_SECONDS)} ({maximum})"
         if self.max_bytes is not None and largest_item > 0:
             by_bytes = max(1, self.max_bytes // largest_item)
-            if by_bytes < self.maximum:
+            if by_bytes < maximum:
                 text = f"max_bytes ({by_bytes} items of {largest_item} bytes)"
                 return by_bytes, "max_bytes", text
-        return self.maximum, "max_depth", f"max_depth ({self.maximum})"
+        return maximum, "max_depth", text
 
     def _shrink(self, ready: int, count: int) -> int | None:
         self._low_water = min(self._low_water, ready)

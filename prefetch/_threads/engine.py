@@ -1,33 +1,48 @@
 """``Engine``: one epoch's fetch threads and everything they share.
 
 This is the only module that starts threads. An engine owns its source (a
-:class:`~prefetch._threads.tasks.Tasks`), its threads (one, or N for parallel fetch:
-one thread is simply N = 1), the results they post and the consumer's
-position. The consumer end (:mod:`prefetch._threads.iterator`) calls
-:meth:`Engine.take`; everything else happens here.
+:class:`~prefetch._threads.tasks.Tasks`), its threads (one, or N for parallel
+fetch), the runs they post and the consumer's position. The consumer end
+(:mod:`prefetch._threads.iterator`) calls :meth:`Engine.exchange`; the threads
+run :mod:`prefetch._threads.producers`; everything they share is here.
 
 Invariants (every change here must keep them):
 
-* **One lock.** Every shared field is read and written under ``_lock``, and
-  every wait is a ``Condition`` wait on it that re-checks its condition, so
-  no wake-up is lost and nothing relies on the GIL (free-threaded Python
-  runs this as is). ``_draw_lock`` orders the draws; it is taken before
-  ``_lock``, never while holding it. The lock is re-entrant so that a
-  finalizer calling :meth:`stop` during garbage collection on a thread that
-  holds it cannot deadlock.
-* **Order.** Each draw takes the next sequence number under ``_draw_lock``;
-  results are posted under their number and handed over in number order,
-  whichever thread finishes first. So items arrive in source order and an
-  error arrives as the same object after every item drawn before it.
-* **Tickets bound what is in flight.** A thread takes a ticket before it
-  draws and never while ``in_flight >= depth + threads - 1`` (exactly
-  ``depth`` for one thread); the consumer returns it when it takes the item.
-  With ``max_bytes``, a ticket is also refused while the bytes posted and not
-  taken, plus the largest item seen for each draw not yet posted and for the
-  new one, exceed it, unless nothing is in flight (one item always flows).
-  Before any size is known (``size_hint``: the previous epoch's largest
-  item), a budget the user set (``probe_first``) allows one draw at a time;
-  the default budget lets every thread draw, as worker processes would.
+* **One lock.** Every shared field is written under ``_lock`` and every
+  decision is taken under it; every wait is a ``Condition`` wait on it that
+  re-checks its condition, so no wake-up is lost. The threads read two
+  fields without it, as hints only: ``consumer_waiting`` (whether to post
+  now) and ``stopped`` (whether to draw again); a stale hint delays a post
+  or a stop by one item, never loses one. Nothing relies on the GIL
+  (free-threaded Python runs this as is). ``_draw_lock`` orders parallel
+  draws; it is taken before ``_lock``, never while holding it. The lock is
+  re-entrant so that a finalizer calling :meth:`stop` during garbage
+  collection on a thread that holds it cannot deadlock.
+* **Order.** Each item, and each error, takes the next sequence number in
+  draw order; runs are posted under the number of their first entry and
+  handed over in number order, whichever thread finishes first. So items
+  arrive in source order and an error arrives as the same object after
+  every item drawn before it.
+* **Runs.** Threads post :class:`~prefetch._threads.messages.Run` objects:
+  one thread over an iterator takes every free ticket at once and posts
+  what it drew in one run when its tickets are used up, at an error or the
+  end, when the consumer waits for it, and at least every
+  :data:`~prefetch._threads.producers.POST_AFTER` seconds; parallel threads post a run per item. The
+  consumer takes every run posted in order in one locked section and gives
+  tickets back in batches.
+* **Tickets bound what is in flight.** A thread takes a ticket for each draw,
+  never while ``in_flight >= depth + threads - 1`` (exactly ``depth`` for
+  one thread); the consumer gives it back once the item is handed to the
+  loop. With ``max_bytes``, tickets are also refused while the bytes posted
+  and not handed over, plus the largest item seen for each ticket taken and
+  not posted and for the new one, exceed it, unless nothing is in flight
+  (one item always flows). Before any size is known (the record's largest
+  item, carried from earlier epochs), a budget the user set
+  (``probe_first``) allows one draw at a time; the default budget does not.
+* **Wake-ups.** A side is woken only when it waits: the consumer when the
+  run it waits for is posted; threads waiting for tickets when the consumer
+  gives tickets back (every quarter of the bound, at most) or is about to
+  wait.
 * **Errors.** An ``Exception`` from a draw or a run is posted as ``RAISED``
   in its place and the epoch goes on (the source decides whether it has
   more). ``StopIteration`` from a draw (``END``, carrying the state read just
@@ -49,13 +64,14 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import sys
 import threading
 import time
 
 from prefetch._shared.epoch import EpochRecord
 from prefetch._shared.profiling import profiling, span
-from prefetch._shared.structure import tensor_nbytes
-from prefetch._threads.messages import END, ERROR, ITEM, RAISED, STOPPED, Final, Message, Snapshot
+from prefetch._threads.messages import ERROR, STOPPED_RUN, Final, Message, Run, Snapshot
+from prefetch._threads.producers import Held, draw_runs, fetch_in_parallel
 from prefetch._threads.tasks import ProducerSpec, Tasks
 
 POLL_SECONDS = 0.1
@@ -98,19 +114,20 @@ class Engine:
         measure_cpu: bool = False,
         probe_first: bool = False,
     ) -> None:
-        self._tasks, self._spec, self._record = tasks, spec, record
-        self._parallel = tasks.parallel  # False: the draw made the item (an iterator)
+        self.tasks, self.spec, self.record = tasks, spec, record
+        self.max_bytes = max_bytes
+        self.clock = time.thread_time if measure_cpu else _no_clock
+        self.parallel_python = not _gil_enabled()  # threads run Python at the same time
         self._lock = threading.RLock()
-        self._space = threading.Condition(self._lock)  # threads wait here for a ticket
+        self._space = threading.Condition(self._lock)  # threads wait here for tickets
         self._data = threading.Condition(self._lock)  # the consumer waits here
-        self._draw_lock = threading.Lock()
-        self._depth, self._threads_wanted, self._max_bytes = depth, threads, max_bytes
-        self._results: dict[int, Message] = {}  # posted, by sequence number
-        self._next_seq = 0  # under _draw_lock
-        self._taken = 0  # the next sequence number the consumer hands over
-        self._ready_in_row = 0  # results[taken], results[taken + 1], ... posted: how many
-        self._in_flight = 0  # tickets taken and not returned
-        self._unposted = 0  # of them, items drawn and not posted yet
+        self.draw_lock = threading.Lock()  # orders parallel draws (see the invariants)
+        self.next_seq = 0  # the next sequence number a draw takes (under draw_lock)
+        self._depth, self._threads_wanted = depth, threads
+        self._posted: dict[int, Run] = {}  # by the number of each run's first entry
+        self._taken = 0  # the next sequence number the consumer takes
+        self._in_flight = 0  # tickets taken and not given back
+        self._unposted = 0  # of them, held by threads (drawing, or drawn and not posted)
         self._buffered_bytes = self._fetched = 0
         self._largest_item = record.largest_item
         self._probe_first = probe_first
@@ -118,12 +135,14 @@ class Engine:
         self._threads_staying = 0  # threads that go on (not told to leave)
         self._threads_running = 0  # threads that have not left
         self._threads_waiting = 0  # threads blocked waiting for a ticket
-        self._consumer_waiting = False
+        self._threads_woken = False  # they were woken and have not waited again since
+        # Hints the threads read without the lock (written under it): see the invariants.
+        self.consumer_waiting = False  # whether the consumer waits for a run
         self._releasing = False  # the last thread is releasing the source
-        self._ended = self._stopped = False
+        self._ended = False
+        self.stopped = False  # whether stop() was called
         self._final: Final | None = None
         self._threads: list[threading.Thread] = []
-        self._clock = time.thread_time if measure_cpu else _no_clock
 
     # -- the consumer's side --------------------------------------------------
 
@@ -136,14 +155,21 @@ class Engine:
     def snapshot(self) -> Snapshot:
         """Return the engine's figures, read together under its lock."""
         with self._lock:
+            ready, seq = 0, self._taken
+            run = self._posted.get(seq)
+            while run is not None:
+                ready += run.numbers
+                seq += run.numbers
+                run = self._posted.get(seq)
             return Snapshot(
                 depth=self._depth,
                 threads=self._threads_wanted,
                 in_flight=self._in_flight,
-                ready=len(self._results),
+                ready=ready,
+                posted=sum(run.numbers for run in self._posted.values()),
                 waiting_threads=self._threads_waiting,
                 fetched=self._fetched,
-                max_bytes=self._max_bytes,
+                max_bytes=self.max_bytes,
                 buffered_bytes=self._buffered_bytes,
                 largest_item=self._largest_item,
                 busy_seconds=self._busy,
@@ -160,14 +186,15 @@ class Engine:
         """Run ``count`` threads: start more now, or let extra ones leave after their item."""
         with self._lock:
             self._threads_wanted = count
-            over = self._ended or self._stopped
+            over = self._ended or self.stopped
             starting = 0 if over else max(count - self._threads_staying, 0)
             self._threads_staying += starting
             self._threads_running += starting
             self._space.notify_all()  # a larger bound may free tickets; extras leave
         for _ in range(starting):
+            held = Held()
             thread = threading.Thread(
-                target=self._work, name=f"prefetch-{next(_thread_ids)}", daemon=True
+                target=self._work, args=(held,), name=f"prefetch-{next(_thread_ids)}", daemon=True
             )
             with self._lock:
                 self._threads.append(thread)
@@ -177,67 +204,88 @@ class Engine:
                 if not thread.is_alive():
                     with self._lock:
                         self._threads_staying -= 1
-                    self._leave(None, ticket=False)
+                    self.leave(None, held)
                 raise
-        if self._parallel:  # parallel fetch: the stats show the threads
-            stats = self._record.stats
+        if self.tasks.parallel:  # parallel fetch: the stats show the threads
+            stats = self.record.stats
             peak = stats.peak_fetch_threads
             stats.fetch_threads = count
             stats.peak_fetch_threads = count if peak is None else max(peak, count)
 
     def set_depth(self, depth: int) -> None:
-        """Change the depth and wake threads waiting for a ticket."""
+        """Change the depth and wake threads waiting for tickets."""
         with self._lock:
             self._depth = depth
             self._space.notify_all()
 
-    def take(self) -> tuple[Message, int, float]:
-        """Return the next message, how many were ready in order, and seconds waited.
+    def exchange(
+        self, returned: int, returned_bytes: int, *, wait: bool
+    ) -> tuple[list[Run], float]:
+        """Give back tickets, and take every run posted in order.
 
-        Blocks until the next message is posted. Raises ``RuntimeError`` if
-        every thread left without posting it.
+        Args:
+            returned: Items (and ``RAISED`` errors) handed to the loop since
+                the last exchange: their tickets are given back.
+            returned_bytes: Their tensor bytes (0 without a byte bound).
+            wait: Block until a run is posted if none is.
+
+        Returns:
+            The runs (``[STOPPED_RUN]`` once the engine stopped; empty only
+            without ``wait``) and the seconds waited.
+
+        Raises:
+            RuntimeError: Every thread left without posting the run waited for.
         """
         with self._lock:
-            seq = self._taken
-            message = self._results.pop(seq, None)
-            waited, ready = 0.0, 0
-            if message is None:
-                waited = time.perf_counter()
-                if profiling():
-                    with span("prefetch.wait"):
-                        message = self._wait_for(seq)
-                else:
-                    message = self._wait_for(seq)
-                waited = time.perf_counter() - waited
+            if returned:
+                self._in_flight -= returned
+                self._buffered_bytes -= returned_bytes
+            runs = self._take_posted()
+            if runs or not wait:
+                if returned and self._threads_waiting and not self._threads_woken:
+                    self._wake_threads()
+                return runs, 0.0
+            if self._threads_waiting and not self._threads_woken and self._free():
+                self._wake_threads()  # about to wait: whatever is free must be used
+            started = time.perf_counter()
+            if profiling():
+                with span("prefetch.wait"):
+                    runs = self._wait_for_run()
             else:
-                ready = self._ready_in_row
-            if message.kind == ITEM or message.kind == RAISED:
-                self._taken = seq + 1
-                in_row = self._ready_in_row
-                self._ready_in_row = in_row - 1 if in_row else self._count_in_row(seq + 1)
-                self._in_flight -= 1
-                self._buffered_bytes -= message.nbytes
-                if self._threads_waiting:
-                    self._space.notify()
-            return message, ready, waited
+                runs = self._wait_for_run()
+            return runs, time.perf_counter() - started
 
-    def _count_in_row(self, seq: int) -> int:
-        count = 0
-        while seq + count in self._results:
-            count += 1
-        return count
+    def _wake_threads(self) -> None:
+        """Wake threads waiting for tickets (holding the lock); the tests' seam for a lost one."""
+        self._threads_woken = True  # until one of them waits again
+        self._space.notify_all()
 
-    def _wait_for(self, seq: int) -> Message:
-        self._consumer_waiting = True
+    def _wake_consumer(self) -> None:
+        """Wake the consumer waiting for a run (holding the lock); the tests' seam likewise."""
+        self._data.notify()
+
+    def _take_posted(self) -> list[Run]:
+        runs: list[Run] = []
+        seq, posted = self._taken, self._posted
+        run = posted.pop(seq, None)
+        while run is not None:
+            runs.append(run)
+            seq += run.numbers
+            run = posted.pop(seq, None)
+        self._taken = seq
+        return runs
+
+    def _wait_for_run(self) -> list[Run]:
+        self.consumer_waiting = True
         try:
             while True:
+                if self.stopped:
+                    return [STOPPED_RUN]
                 self._data.wait(POLL_SECONDS)
-                message = self._results.pop(seq, None)
-                if message is not None:
-                    return message
-                if self._stopped:
-                    return Message(STOPPED, None, None)
-                if self._threads_running == 0 and not self._releasing:
+                runs = self._take_posted()
+                if runs:
+                    return runs
+                if self._threads_running == 0 and not self._releasing and not self.stopped:
                     names = ", ".join(repr(thread.name) for thread in self._threads)
                     msg = (
                         f"prefetch thread(s) {names} exited without delivering "
@@ -245,14 +293,13 @@ class Engine:
                     )
                     raise RuntimeError(msg)
         finally:
-            self._consumer_waiting = False
+            self.consumer_waiting = False
 
     def stop(self) -> None:
         """Ask every thread to leave; safe from any thread, any number of times."""
         with self._lock:
-            self._stopped = True
-            self._results.clear()
-            self._ready_in_row = 0
+            self.stopped = True
+            self._posted.clear()
             self._space.notify_all()
             self._data.notify_all()
 
@@ -279,173 +326,155 @@ class Engine:
 
     # -- the threads' side ----------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, held: Held) -> None:
         final: Final | None = None
-        ticket = False  # whether this thread holds a ticket no posted message holds
         try:
-            slot = self._add_fetch_slot()
-            if self._spec.setup is not None:
-                self._spec.setup()
-            while final is None:
-                if not ticket:
-                    ticket = self._take_ticket()
-                    if not ticket:
-                        break
-                # Posted (the message holds the ticket; the next one may be taken at
-                # once), given back, or a final message (whose ticket this thread holds).
-                final, ticket = self._fetch_one(slot)
+            if self.spec.setup is not None:
+                self.spec.setup()
+            produce = fetch_in_parallel if self.tasks.parallel else draw_runs
+            final = produce(self, held)
         except BaseException as error:  # our own failure: handed over, never dropped
-            final = Final(self._next_seq, Message(ERROR, error, None))
+            final = Final(self.next_seq, Message(ERROR, error, None))
         finally:
-            self._leave(final, ticket)
+            self.leave(final, held)
 
-    def _add_fetch_slot(self) -> int:
-        if not self._parallel:  # one thread over an iterator: source_seconds says it all
-            return -1
-        with self._lock:
-            fetch_seconds = self._record.stats.fetch_seconds
-            fetch_seconds.append(0.0)
-            return len(fetch_seconds) - 1
+    # What the threads call (from prefetch._threads.producers), and the hints they read.
 
-    def _full(self) -> bool:
-        if self._in_flight >= self._depth + self._threads_wanted - 1:
-            return True
-        limit = self._max_bytes
-        if limit is None or self._in_flight == 0:
-            return False
-        if self._unposted and not self._largest_item and self._probe_first:  # one at a time
-            return True
-        return self._buffered_bytes + (self._unposted + 1) * self._largest_item > limit
+    @property
+    def over(self) -> bool:
+        """Whether the epoch ended or the engine stopped (a hint read without the lock)."""
+        return self._ended or self.stopped
 
-    def _take_ticket(self) -> bool:
-        """Wait for room to draw; return ``False`` if this thread is to leave instead."""
+    def _limit(self) -> int:
+        return self._depth + self._threads_wanted - 1
+
+    def _free(self) -> int:
+        """Tickets that may be taken now (see the invariants)."""
+        free = self._limit() - self._in_flight
+        if free <= 0:
+            return 0
+        limit = self.max_bytes
+        if limit is None:
+            return free
+        largest = self._largest_item
+        if largest:
+            room = (limit - self._buffered_bytes) // largest - self._unposted
+        elif self._probe_first:
+            room = 0 if self._unposted else 1  # one draw at a time until a size is known
+        else:
+            room = free
+        if self._in_flight == 0:
+            room = max(room, 1)  # one item always flows
+        return max(min(free, room), 0)
+
+    def take_tickets(self, held: Held, most: int) -> int:
+        """Wait for free tickets and take up to ``most``; 0: the thread is to leave instead."""
         with self._lock:
             blocked = 0.0
             while True:
-                if self._stopped or self._ended:
-                    return False
+                if self.stopped or self._ended:
+                    return 0
                 if self._threads_staying > self._threads_wanted:  # fewer wanted: this one leaves
                     self._threads_staying -= 1
-                    return False
-                if not self._full():
+                    return 0
+                free = self._free()
+                if free:
                     break
                 if not blocked:
                     blocked = time.perf_counter()
                 self._threads_waiting += 1
+                self._threads_woken = False
                 try:
                     self._space.wait(POLL_SECONDS)
                 finally:
                     self._threads_waiting -= 1
             if blocked:
                 self._blocked += time.perf_counter() - blocked
-            self._in_flight += 1
-            self._unposted += 1
-            return True
+            count = min(free, most)
+            self._in_flight += count
+            self._unposted += count
+            held.tickets += count
+            return count
 
-    def _fetch_one(self, slot: int) -> tuple[Final | None, bool]:
-        """Draw one task and run it (holding a ticket).
-
-        Returns a final message instead of posting it, and whether this thread
-        now holds a ticket (the final's, or the next item's).
-        """
-        started, cpu = time.perf_counter(), self._clock()
-        spec = self._spec
-        with self._draw_lock:
-            if self._ended or self._stopped:
-                self._give_back()
-                return None, False
-            seq = self._next_seq
-            self._next_seq = seq + 1
-            try:
-                if profiling():
-                    with span("prefetch.fetch"):
-                        task = self._tasks.draw()
-                else:
-                    task = self._tasks.draw()
-            except StopIteration:
-                with self._lock:
-                    self._ended = self._record.source_ended = True
-                state = spec.read_state() if spec.read_state is not None else None
-                return Final(seq, Message(END, None, state)), True
-            except Exception as error:  # the source decides whether it goes on
-                return None, self._post(seq, Message(RAISED, error, None), started, cpu, slot, 0.0)
-            except BaseException as error:
-                return self._final_error(seq, error), True
-            state = spec.read_state() if spec.read_state is not None else None
-        try:
-            item, collate = self._tasks.run(task) if self._parallel else (task, 0.0)
-            del task
-            if spec.prepare is not None:
-                item = spec.prepare(item)
-            nbytes = tensor_nbytes(item) if self._max_bytes is not None else 0
-        except Exception as error:  # the draw moved the state on: the error carries it
-            return None, self._post(seq, Message(RAISED, error, state), started, cpu, slot, 0.0)
-        except BaseException as error:
-            return self._final_error(seq, error), True
-        message = Message(ITEM, item, state, nbytes)
-        return None, self._post(seq, message, started, cpu, slot, collate)
-
-    def _final_error(self, seq: int, error: BaseException) -> Final:
+    def end(self, source_ended: bool) -> None:
+        """Mark the epoch ended (a final message is coming): no thread draws again."""
         with self._lock:
             self._ended = True
-        return Final(seq, Message(ERROR, error, None))
+            if source_ended:
+                self.record.source_ended = True
 
-    def _give_back(self) -> None:
-        with self._lock:
-            self._in_flight -= 1
-            self._unposted -= 1
+    def post(
+        self,
+        seq: int,
+        run: Run,
+        held: Held,
+        *,
+        seconds: float,
+        unused: int = 0,
+        take: int = 0,
+        cpu: float = 0.0,
+        slot: int = -1,
+        collate: float = 0.0,
+    ) -> int:
+        """Post ``run`` at ``seq``, give back ``unused`` tickets and take up to ``take`` more.
 
-    def _post(
-        self, seq: int, message: Message, started: float, cpu: float, slot: int, collate: float
-    ) -> bool:
-        """Post ``message`` at ``seq``; take the next ticket if one is free (return whether)."""
-        spent = time.perf_counter() - started
-        cpu = self._clock() - cpu
+        Returns the tickets taken (without waiting: 0 if none is free).
+        ``seconds`` (``cpu``) is the time the thread spent making the run; a
+        parallel thread also gives its ``slot`` in ``stats.fetch_seconds`` and
+        the seconds spent in ``collate_fn``.
+        """
         with self._lock:
-            self._unposted -= 1
-            stats = self._record.stats
-            stats.source_seconds += spent
-            if collate:
-                stats.collate_seconds += collate
+            tickets = len(run.items) + (run.end is not None) + unused
+            held.tickets -= tickets
+            self._unposted -= tickets
+            self._in_flight -= unused
+            stats = self.record.stats
+            stats.source_seconds += seconds
             if slot >= 0:
-                stats.fetch_seconds[slot] += spent - collate
-            self._busy += spent
+                stats.fetch_seconds[slot] += seconds - collate
+                stats.collate_seconds += collate
+            self._busy += seconds
             self._cpu += cpu
-            if self._stopped:  # nobody will take it
-                self._in_flight -= 1
-                return False
-            if message.kind == ITEM:
-                self._fetched += 1
-                nbytes = message.nbytes
-                if nbytes:
-                    self._buffered_bytes += nbytes
-                    if nbytes > self._largest_item:
-                        self._largest_item = self._record.largest_item = nbytes
-                    if self._buffered_bytes > stats.peak_bytes:
-                        stats.peak_bytes = self._buffered_bytes
-            self._results[seq] = message
-            if self._max_bytes is not None and self._fetched <= 1 and self._threads_waiting:
-                self._space.notify_all()  # a size is known now, or no draw is in progress
-            if seq == self._taken + self._ready_in_row:
-                self._ready_in_row += 1
-                if len(self._results) > self._ready_in_row:  # later ones, posted first, join
-                    self._ready_in_row += self._count_in_row(seq + 1)
+            if self.stopped:  # nobody will take it
+                self._in_flight -= tickets - unused
+                return 0
+            self._fetched += len(run.items)
+            if run.sizes:
+                self._buffered_bytes += sum(run.sizes)
+                largest = max(run.sizes)
+                if largest > self._largest_item:
+                    self._largest_item = self.record.largest_item = largest
+                if self._buffered_bytes > stats.peak_bytes:
+                    stats.peak_bytes = self._buffered_bytes
+                if self._threads_waiting and self._fetched <= len(run.items):
+                    self._space.notify_all()  # a size is known now
+            if run.items or run.end is not None:
+                self._posted[seq] = run
             if self._in_flight > stats.peak_items:
                 stats.peak_items = self._in_flight
-            if self._consumer_waiting and seq == self._taken:
-                self._data.notify()
-            if self._ended or self._threads_staying > self._threads_wanted or self._full():
-                return False  # _take_ticket waits, or lets this thread leave
-            self._in_flight += 1
-            self._unposted += 1
-            return True
+            if self.consumer_waiting and seq == self._taken:
+                self._wake_consumer()
+            if not take or self._ended or self._threads_staying > self._threads_wanted:
+                return 0
+            count = min(self._free(), take)
+            self._in_flight += count
+            self._unposted += count
+            held.tickets += count
+            return count
 
-    def _leave(self, final: Final | None, ticket: bool) -> None:
+    def add_fetch_slot(self) -> int:
+        """Give a parallel thread its entry in ``stats.fetch_seconds``; return its index."""
+        with self._lock:
+            fetch_seconds = self.record.stats.fetch_seconds
+            fetch_seconds.append(0.0)
+            return len(fetch_seconds) - 1
+
+    def leave(self, final: Final | None, held: Held) -> None:
         """Leave; the last thread out releases the source, then posts the final message."""
         with self._lock:
-            if ticket:  # a final message holds no ticket
-                self._in_flight -= 1
-                self._unposted -= 1
+            self._in_flight -= held.tickets  # a final message holds no ticket
+            self._unposted -= held.tickets
+            held.tickets = 0
             if final is not None:
                 self._ended = True
                 if self._final is None or final.seq < self._final.seq:
@@ -459,18 +488,18 @@ class Engine:
         if not last:
             return
         try:
-            self._tasks.release()
+            self.tasks.release()
         except BaseException as error:
-            if (final is not None and final.message.kind == ERROR) or self._stopped:
+            if (final is not None and final.message.kind == ERROR) or self.stopped:
                 raise  # nobody would read it after the source's own error: threading.excepthook
-            seq = final.seq if final is not None else self._next_seq
+            seq = final.seq if final is not None else self.next_seq
             final = Final(seq, Message(ERROR, error, None))
         finally:
             with self._lock:
-                if final is not None and not self._stopped:
-                    self._results[final.seq] = final.message
-                if self._stopped:  # nobody will read them: free the fetched items now
-                    self._results.clear()
+                if final is not None and not self.stopped:
+                    self._posted[final.seq] = Run([], end=final.message)
+                if self.stopped:  # nobody will read them: free the fetched items now
+                    self._posted.clear()
                 self._releasing = False
                 self._data.notify_all()
             _live.discard(self)
@@ -478,6 +507,12 @@ class Engine:
 
 def _no_clock() -> float:
     return 0.0
+
+
+def _gil_enabled() -> bool:
+    """Whether the GIL is enabled (always, before free-threaded Python 3.13)."""
+    is_enabled = getattr(sys, "_is_gil_enabled", None)
+    return bool(is_enabled()) if callable(is_enabled) else True
 
 
 @atexit.register

@@ -34,7 +34,7 @@ from prefetch._shared.pinning import (
     select_device,
 )
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
-from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, DepthPolicy
+from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, QUICK_MAX_DEPTH, DepthPolicy
 from prefetch._threads.engine import Engine
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
@@ -88,7 +88,9 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         depth: ``"auto"``, or a fixed number of items produced ahead and not
             yet consumed, at most (>= 1).
         max_depth: Most items an adaptive depth may reach (``depth="auto"``
-            only); default 32.
+            only); default 32, or 256 for items the loader makes in under
+            0.1 ms (ints, small records: what the loop then waits for is the
+            hand-off between threads, which a deeper buffer amortizes).
         max_bytes: Most bytes of tensor storage buffered (items produced and
             not yet consumed). Default: 1 GiB with ``depth="auto"``, no limit
             with a fixed depth. One item always flows, however large.
@@ -138,7 +140,10 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             if self._max_bytes is None:
                 self._max_bytes = DEFAULT_MAX_BYTES
             maximum = max_depth if max_depth is not None else DEFAULT_MAX_DEPTH
-            self._depth = DepthPolicy(maximum=maximum, max_bytes=self._max_bytes)
+            quick = QUICK_MAX_DEPTH if max_depth is None else None  # a ceiling you set holds
+            self._depth = DepthPolicy(
+                maximum=maximum, max_bytes=self._max_bytes, quick_maximum=quick
+            )
         else:
             self._depth = Fixed(DEPTH, fixed)
         check_bool(pin_memory, "pin_memory", "BackgroundLoader")
@@ -177,7 +182,11 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
 
     @property
     def max_depth(self) -> int:
-        """The most items ever buffered (an adaptive depth's ceiling, or the fixed depth)."""
+        """An adaptive depth's ceiling, or the fixed depth.
+
+        With the default ceiling, items the loader makes in under 0.1 ms may
+        reach 256 (see ``max_depth`` in the class arguments).
+        """
         return self._depth.maximum
 
     @property

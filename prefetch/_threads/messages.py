@@ -1,30 +1,69 @@
 """What the engine's threads post for the consumer, and the engine's figures.
 
-:class:`Message` is one posting, handed over in sequence order (see the
-invariants of :mod:`prefetch._threads.engine`); :class:`Snapshot` is what the
-consumer and the policies read of the engine, taken under its lock.
+A thread posts a :class:`Run`: items in source order, then at most one
+:class:`Message` (an error, or the end). Runs are handed over in sequence
+order (see the invariants of :mod:`prefetch._threads.engine`), so a producer
+that is ahead hands over many items in one locked section and the consumer
+takes them in one. :class:`Snapshot` is what the consumer and the policies
+read of the engine, taken under its lock.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-ITEM, ERROR, END, RAISED, STOPPED = 0, 1, 2, 3, 4
-"""Message kinds: an item; an error that ends the epoch; the end; an error after which the
-source goes on; and what :meth:`~prefetch._threads.engine.Engine.take` returns after a stop."""
+ERROR, END, RAISED, STOPPED = 1, 2, 3, 4
+"""Message kinds: an error that ends the epoch; the end; an error after which the source
+goes on; and what :meth:`~prefetch._threads.engine.Engine.exchange` returns after a stop."""
 
 
 class Message(NamedTuple):
-    """What the threads post for the consumer, handed over in sequence order."""
+    """What stands after a run's items: an error, the end, or the stop."""
 
     kind: int
-    """``ITEM``, ``RAISED``, ``ERROR``, ``END`` or ``STOPPED``."""
-    payload: Any
-    """The item, or the exception (``None`` for ``END`` and ``STOPPED``)."""
+    """``RAISED``, ``ERROR``, ``END`` or ``STOPPED``."""
+    error: BaseException | None
+    """The exception (``None`` for ``END`` and ``STOPPED``)."""
     state: Any
     """The source's checkpoint state read right after the draw (``None`` if not read)."""
-    nbytes: int = 0
-    """Tensor bytes of an item (0 unless a byte bound applies)."""
+
+
+class Run:
+    """Items posted together, in source order, and what stands after them.
+
+    Each item, and a ``RAISED`` error, holds one ticket and one sequence
+    number; a final message (``END``, ``ERROR``) holds a number but no ticket.
+
+    Attributes:
+        items: The items.
+        states: The source's checkpoint state after each item's draw, or
+            ``None`` if the source is not stateful.
+        sizes: Tensor bytes of each item, or ``None`` without a byte bound.
+        end: The message after the items, or ``None``.
+    """
+
+    __slots__ = ("end", "items", "sizes", "states")
+
+    def __init__(
+        self,
+        items: list[Any],
+        states: list[Any] | None = None,
+        sizes: list[int] | None = None,
+        end: Message | None = None,
+    ) -> None:
+        self.items = items
+        self.states = states
+        self.sizes = sizes
+        self.end = end
+
+    @property
+    def numbers(self) -> int:
+        """Sequence numbers the run covers: its items, and its message if any."""
+        return len(self.items) + (self.end is not None)
+
+
+STOPPED_RUN = Run([], end=Message(STOPPED, None, None))
+"""What :meth:`~prefetch._threads.engine.Engine.exchange` hands over once the engine stopped."""
 
 
 class Final(NamedTuple):
@@ -42,9 +81,11 @@ class Snapshot(NamedTuple):
     threads: int
     """Threads wanted (those running may still be leaving)."""
     in_flight: int
-    """Tickets taken and not returned: items drawn and not taken by the consumer."""
+    """Tickets taken and not returned: items drawn and not yet handed to the loop."""
     ready: int
-    """Messages posted and not taken."""
+    """Items and messages posted in order from the consumer's position, not taken yet."""
+    posted: int
+    """Items and messages posted (in order or not) and not taken yet."""
     waiting_threads: int
     """Threads blocked waiting for a ticket."""
     fetched: int
@@ -52,7 +93,7 @@ class Snapshot(NamedTuple):
     max_bytes: int | None
     """Most tensor bytes in flight, or ``None`` for no byte bound."""
     buffered_bytes: int
-    """Tensor bytes posted and not taken (counted only with a byte bound)."""
+    """Tensor bytes posted and not yet handed to the loop (counted only with a byte bound)."""
     largest_item: int
     """Bytes of the largest item seen (with earlier epochs' hint)."""
     busy_seconds: float

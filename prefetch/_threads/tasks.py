@@ -63,16 +63,14 @@ class IteratorTasks:
         ('a', 0.0)
     """
 
-    __slots__ = ("owned", "source")
+    __slots__ = ("draw", "owned", "source")
     parallel = False
 
     def __init__(self, source: Iterator[Any], owned: bool) -> None:
         self.source = source
         self.owned = owned
-
-    def draw(self) -> Any:
-        """Return the source's next item."""
-        return next(self.source)
+        self.draw: Callable[[], Any] = source.__next__
+        """Return the source's next item (its own ``__next__``: no call in between)."""
 
     def run(self, task: Any) -> tuple[Any, float]:
         """Return ``task``: the item was made by :meth:`draw`."""

@@ -1,0 +1,225 @@
+"""Runs (issue 22): a fast source and a fast loop meet once per run, every invariant kept.
+
+The thread posts what it drew in runs and the consumer takes every run
+posted in one locked section; these tests check that runs do form, and that
+order, errors in place, exact resume, the depth and byte bounds and a stop
+in the middle of a run all hold with them.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from prefetch import BackgroundLoader
+from prefetch._threads.engine import Engine
+
+from .liveness import consume
+from .processes import prefetch_threads, wait_until
+
+
+class Boom(Exception):
+    """An error a source raises and goes on after."""
+
+
+class GoesOn:
+    """``range(n)`` that raises ``errors[i]`` instead of item ``i`` and goes on, as a DataLoader."""
+
+    def __init__(self, n: int, errors: dict[int, Exception]) -> None:
+        self.n, self.errors, self.index = n, errors, 0
+
+    def __iter__(self) -> GoesOn:
+        return self
+
+    def __next__(self) -> int:
+        index = self.index
+        if index >= self.n:
+            raise StopIteration
+        self.index += 1
+        if index in self.errors:
+            raise self.errors[index]
+        return index
+
+
+def outcomes(iterator: Iterator[Any]) -> list[tuple[str, Any]]:
+    """Every item and every error ``iterator`` gives, in order, until it ends."""
+    seen: list[tuple[str, Any]] = []
+    while True:
+        try:
+            seen.append(("item", next(iterator)))
+        except StopIteration:
+            return seen
+        except Boom as error:
+            seen.append(("error", error))
+
+
+class TestRunsForm:
+    """A fast source is handed over many items per locked section, not one."""
+
+    def test_items_per_exchange_and_per_post(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """At depth 64, 20000 ints take a few hundred posts and exchanges, not 20000."""
+        posts: list[int] = []
+        taken: list[int] = []
+        post, exchange = Engine.post, Engine.exchange
+
+        def spy_post(self: Engine, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
+            posts.append(len(run.items))
+            return post(self, seq, run, *args, **kwargs)
+
+        def spy_exchange(self: Engine, *args: Any, **kwargs: Any) -> Any:
+            runs, waited = exchange(self, *args, **kwargs)
+            taken.append(sum(len(run.items) for run in runs))
+            return runs, waited
+
+        monkeypatch.setattr(Engine, "post", spy_post)
+        monkeypatch.setattr(Engine, "exchange", spy_exchange)
+        assert list(BackgroundLoader(range(20_000), depth=64)) == list(range(20_000))
+        assert sum(posts) == sum(taken) == 20_000
+        assert len(posts) <= 20_000 // 8  # at least 8 items a post on average
+        assert len(taken) <= 20_000 // 4  # tickets given back every 16 items, at least
+
+
+class TestOrderAndErrors:
+    """Errors raised between items stand in their place inside runs, as the same objects."""
+
+    @pytest.mark.parametrize("depth", [1, 2, 8, 64, "auto"])
+    def test_same_outcomes_as_the_source(self, depth: Any) -> None:
+        """Items and errors (several in a row, at the start and the end) arrive in source order."""
+        errors: dict[int, Exception] = {i: Boom(i) for i in (0, 3, 50, 51, 52, 200, 1999)}
+        expected = outcomes(GoesOn(2000, errors))
+        got = outcomes(iter(BackgroundLoader(GoesOn(2000, errors), depth=depth)))
+        assert [kind for kind, _ in got] == [kind for kind, _ in expected]
+        assert all(a is b or a == b for (_, a), (_, b) in zip(got, expected, strict=True))
+
+
+class TestResume:
+    """A checkpoint taken anywhere inside a run resumes right after the last item handed over."""
+
+    @pytest.mark.parametrize("taken", [0, 1, 7, 31, 32, 33, 100, 199, 200])
+    def test_state_after_k_items(self, taken: int) -> None:
+        """Take k items (the thread runs ahead in runs), save, load: the rest is the plain rest."""
+        loader = BackgroundLoader(StatefulDataLoader(list(range(200)), batch_size=None), depth=64)
+        iterator = iter(loader)
+        head = [int(next(iterator)) for _ in range(taken)]
+        time.sleep(0.01)  # let the thread read as far ahead as it may
+        state = loader.state_dict()
+        iterator.close()
+        loader.load_state_dict(state)
+        assert head + [int(x) for x in loader] == list(range(200))
+
+
+class TestBounds:
+    """Runs never pass the depth or the byte budget, and reach them when the loop is slow."""
+
+    @pytest.mark.parametrize("depth", [1, 4, 32])
+    def test_items_ahead_reach_and_never_pass_the_depth(self, depth: int) -> None:
+        """Items drawn and not handed over: at most depth at every step, depth when the loop lags.
+
+        Tickets come back every quarter of the depth (and wake the thread), so
+        between two returns it may have up to a quarter less room: depth is
+        reached right after a return.
+        """
+        drawn = [0]
+
+        def source() -> Iterator[int]:
+            for index in range(200):
+                drawn[0] += 1
+                yield index
+
+        ahead = []
+        for handed, _ in enumerate(BackgroundLoader(source(), depth=depth), start=1):
+            wait_until(
+                lambda: drawn[0] - handed >= depth or drawn[0] == 200,  # noqa: B023
+                0.02,
+                0.001,
+                collect=False,
+            )
+            ahead.append(drawn[0] - handed)
+        assert max(ahead) == depth
+        assert min(ahead[: 200 - depth]) >= depth - max(1, depth // 4)
+
+    def test_bytes_reach_and_never_pass_the_budget(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """1 KiB tensors, 8 KiB budget, depth 64: the bytes buffered peak at exactly 8 KiB."""
+        seen: list[int] = []
+        post = Engine.post
+
+        def spy(self: Engine, *args: Any, **kwargs: Any) -> int:
+            took = post(self, *args, **kwargs)
+            seen.append(self.snapshot().buffered_bytes)
+            return took
+
+        monkeypatch.setattr(Engine, "post", spy)
+        items = [torch.zeros(256) for _ in range(100)]
+        loader = BackgroundLoader(items, depth=64, max_bytes=8 * 1024)
+        got = consume(loader, step=0.001)
+        assert all(a is b for a, b in zip(got, items, strict=True))
+        assert max(seen) <= 8 * 1024
+        assert loader.stats.peak_bytes == 8 * 1024
+
+
+class Tracked:
+    """An item whose making and collection are counted."""
+
+    made = freed = 0
+
+    def __init__(self) -> None:
+        Tracked.made += 1
+        weakref.finalize(self, Tracked.count)
+
+    @staticmethod
+    def count() -> None:
+        Tracked.freed += 1
+
+
+class TestStopHalfServed:
+    """close() in the middle of a run frees every item of it the loop did not take."""
+
+    def test_close_frees_the_rest(self) -> None:
+        """Five items of a run taken, the thread ahead: after close() only those five are alive."""
+        Tracked.made = Tracked.freed = 0
+        items = (Tracked() for _ in range(500))
+        iterator = iter(BackgroundLoader(items, depth=64))
+        kept = [next(iterator) for _ in range(5)]
+        assert wait_until(lambda: Tracked.made >= 5 + 32, 2.0, collect=False)  # a run ahead
+        iterator.close()
+        del iterator
+        assert wait_until(lambda: not prefetch_threads(), 2.0)
+        gc.collect()
+        assert len(kept) == 5
+        assert Tracked.freed == Tracked.made - 5  # every item drawn and not handed over
+
+
+def _raise(error: BaseException) -> bool:
+    raise error
+
+
+def first_error(loader: BackgroundLoader[Any]) -> BaseException:
+    """Return the first ``next()``'s error; its traceback holds this frame's iterator."""
+    iterator = iter(loader)
+    try:
+        next(iterator)
+    except Boom as error:
+        return error
+    raise AssertionError("no error")
+
+
+class TestPostedErrorNotKept:
+    """The thread keeps nothing it posted: an error raised in the loop carries the loop's frames."""
+
+    @pytest.mark.parametrize("depth", [1, 8])
+    def test_dropping_the_error_frees_the_epoch(self, depth: int) -> None:
+        """The loop drops the error (and with it the iterator): the thread, waiting, is stopped."""
+        # A source that keeps no reference to its error (as a DataLoader re-raising a worker's).
+        source = (Boom(0) if i == 0 else i for i in range(100))
+        failing = (x for x in source if not isinstance(x, Boom) or _raise(x))
+        error = first_error(BackgroundLoader(failing, depth=depth))
+        assert isinstance(error, Boom)
+        del error
+        assert wait_until(lambda: not prefetch_threads(), 3.0)  # the collector frees the cycle
