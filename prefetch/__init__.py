@@ -12,6 +12,7 @@ from prefetch._device.normalize import Normalize
 from prefetch._device.prefetcher import CudaPrefetcher
 from prefetch._shared.stateful import NotStatefulError, Stateful
 from prefetch._shared.stats import DepthEvent, LoaderStats, ThreadEvent
+from prefetch._shared.totals import TotalStats
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.loader import BackgroundLoader
 
@@ -28,4 +29,5 @@ __all__ = [
     "NotStatefulError",
     "Stateful",
     "ThreadEvent",
+    "TotalStats",
 ]

@@ -1,17 +1,24 @@
-"""accelerate 1.15 with the real package: prepare, then wrap (issue 11)."""
+"""accelerate 1.15 with the real package: prepare, then wrap (issue 11); warn the other way (24).
+
+An ``Accelerator`` leaves accelerate's state initialised for the whole
+process, so every test that makes one resets it afterwards (the fixture),
+as accelerate's own tests do: later tests wrap plain DataLoaders.
+"""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from prefetch import BackgroundLoader, CudaPrefetcher, NotStatefulError, Stateful
 
 accelerate = pytest.importorskip("accelerate")
+from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 from accelerate.utils import DataLoaderConfiguration  # noqa: E402
 
 SIZE = 10
@@ -36,6 +43,8 @@ def make_accelerator() -> Iterator[Callable[[bool], Any]]:
     yield make
     for accelerator in made:
         accelerator.free_memory()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 def batches(loader: Any) -> list[list[int]]:
@@ -112,3 +121,72 @@ class TestParallelFetchRefused:
         prepared = make_accelerator(stateful).prepare(DataLoader(list(range(SIZE)), batch_size=2))
         with pytest.raises(TypeError, match=r"fetch_threads.*defines its own __iter__\(\)"):
             BackgroundLoader(prepared, fetch_threads=2)
+
+
+UNPREPARED = r"BackgroundLoader wraps a DataLoader that accelerate has not prepared"
+
+
+def first_epoch_warnings(loader: Any) -> list[str]:
+    """The warnings the loader's first epoch raises (every one recorded, none an error)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(loader)
+    return [str(warning.message) for warning in caught]
+
+
+class TestWrapBeforePrepareWarns:
+    """A wrapper over a DataLoader accelerate has not prepared warns once an Accelerator exists."""
+
+    def test_wrap_then_prepare_warns_at_the_first_epoch_naming_the_fix(
+        self, make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """prepare(wrapper) does nothing; the first epoch warns how to order the two, once."""
+        accelerator = make_accelerator(False)
+        loader = BackgroundLoader(DataLoader(list(range(SIZE)), batch_size=BATCH))
+        assert accelerator.prepare(loader) is loader
+        with pytest.warns(UserWarning, match=UNPREPARED) as caught:
+            assert batches(loader) == [[i, i + 1] for i in range(0, SIZE, BATCH)]
+        (message,) = [str(w.message) for w in caught]
+        assert "BackgroundLoader(accelerator.prepare(dataloader))" in message
+        assert first_epoch_warnings(loader) == []  # once per wrapper
+
+    def test_accelerator_made_after_the_wrapper_is_seen_at_the_first_epoch(
+        self, make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """The check runs at the first epoch, so the Accelerator may come after the wrapper."""
+        loader = CudaPrefetcher(BackgroundLoader(DataLoader(list(range(SIZE)), batch_size=BATCH)))
+        make_accelerator(False)
+        (message,) = first_epoch_warnings(loader)
+        assert message.startswith("BackgroundLoader wraps a DataLoader")  # the inner one only
+
+    @pytest.mark.parametrize(
+        "make",
+        [
+            pytest.param(
+                lambda a: BackgroundLoader(a.prepare(DataLoader(range(SIZE)))), id="prepared"
+            ),
+            pytest.param(
+                lambda a: BackgroundLoader(DataLoader(range(SIZE)), fetch_threads=2),
+                id="fetch_threads",
+            ),
+            pytest.param(
+                lambda a: BackgroundLoader(
+                    DataLoader(range(SIZE), sampler=DistributedSampler(range(SIZE), 2, 0))
+                ),
+                id="sharded_by_hand",
+            ),
+            pytest.param(lambda a: BackgroundLoader(list(range(SIZE))), id="not_a_dataloader"),
+        ],
+    )
+    def test_no_warning_where_nothing_is_lost(
+        self, make: Callable[[Any], Any], make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """Prepared, parallel fetch (it cannot read a prepared one), sharded, or no DataLoader."""
+        loader = make(make_accelerator(False))
+        assert first_epoch_warnings(loader) == []
+
+    def test_no_warning_without_an_accelerator(self) -> None:
+        """accelerate imported but no Accelerator made: a plain DataLoader wrapper is quiet."""
+        assert not accelerate.state.is_initialized()
+        loader = BackgroundLoader(DataLoader(list(range(SIZE)), batch_size=BATCH))
+        assert first_epoch_warnings(loader) == []

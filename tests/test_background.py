@@ -636,6 +636,7 @@ def test_public_api_is_explicit() -> None:
         "NotStatefulError",
         "Stateful",
         "ThreadEvent",
+        "TotalStats",
     }
     for name in prefetch.__all__:
         assert getattr(prefetch, name).__module__.startswith("prefetch._")

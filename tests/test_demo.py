@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import io
 import subprocess
@@ -63,6 +64,20 @@ class TestProgressBar:
         assert "0/3" in out.getvalue() and "warm-up" in out.getvalue()
 
 
+def run_demo(folder: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m prefetch.demo *options`` in ``folder``, output to pipes; check it passed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "prefetch.demo", *options],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=80,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 class TestDemo:
     """The demo runs from the package alone and prints its comparison."""
 
@@ -82,18 +97,29 @@ class TestDemo:
     @pytest.mark.timeout(90)
     def test_prints_the_comparison_table_in_plain_lines(self, tmp_path: Path) -> None:
         """Run in another folder with output to a pipe: the table, and no carriage returns."""
-        done = subprocess.run(
-            [sys.executable, "-m", "prefetch.demo", "--epochs", "1", "--batches", "4"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=80,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        done = run_demo(tmp_path, "--epochs", "1", "--batches", "4")
         assert "waited for data" in done.stdout
         assert "plain DataLoader" in done.stdout
         assert "BackgroundLoader(DataLoader)" in done.stdout
         assert "identical" in done.stdout
         assert "\r" not in done.stdout + done.stderr
         assert "epoch 1/1 plain" in done.stderr and "4/4" in done.stderr
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(90)
+    def test_fetch_threads_adds_a_row_and_the_knobs_are_named(self, tmp_path: Path) -> None:
+        """--fetch-threads 2 adds its row; the text says what num_threads and fetch_threads are."""
+        options = ["--epochs", "1", "--batches", "3", "--fetch-threads", "2", "--latency-ms", "0.5"]
+        done = run_demo(tmp_path, *options)
+        assert "\nfetch_threads=2 " in done.stdout
+        assert "(it is not a count of loading threads)" in done.stdout
+        assert "fetch_threads='auto' reads batches in" in done.stdout
+        assert "identical" in done.stdout
+
+    def test_fetch_threads_argument_is_checked(self) -> None:
+        """--fetch-threads takes 'auto' or an int >= 1, and says so otherwise."""
+        assert prefetch.demo.fetch_threads_argument("auto") == "auto"
+        assert prefetch.demo.fetch_threads_argument("3") == 3
+        for wrong in ("0", "many"):
+            with pytest.raises(argparse.ArgumentTypeError, match="'auto' or an int >= 1"):
+                prefetch.demo.fetch_threads_argument(wrong)

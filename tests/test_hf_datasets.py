@@ -80,8 +80,13 @@ class TestHuggingFaceParallelFetch:
 
     def test_streaming_dataset_is_refused(self) -> None:
         """An IterableDataset has no indices to read in parallel: refused, saying what to do."""
-        with pytest.raises(TypeError, match=r"fetch_threads.*IterableDataset.*num_workers"):
+        with pytest.raises(
+            TypeError, match=r"fetch_threads.*IterableDataset.*num_workers"
+        ) as error:
             BackgroundLoader(DataLoader(streaming(), batch_size=BATCH), fetch_threads=2)
+        # Its class is named IterableDataset too: said once, with its module (issue 24).
+        assert "got an IterableDataset (from datasets." in str(error.value)
+        assert "IterableDataset IterableDataset" not in str(error.value)
 
 
 class TestHuggingFaceDatasets:

@@ -263,7 +263,7 @@ class TestRefusals:
         [
             ([torch.zeros(2)] * 3, TypeError, "list"),
             ((x for x in range(3)), TypeError, "generator"),
-            (DataLoader(NoLen(), batch_size=2), TypeError, "IterableDataset"),
+            (DataLoader(NoLen(), batch_size=2), TypeError, "got NoLen, an IterableDataset,"),
             (DataLoader(Values(8), batch_size=2, num_workers=2), ValueError, "num_workers=2"),
             (DataLoader(WithState(8), batch_size=2), ValueError, "state_dict"),
         ],

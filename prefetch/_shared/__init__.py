@@ -6,12 +6,13 @@
   registry of a wrapper's open epochs).
 * :mod:`.structure`: walking nested batches (every tensor leaf, rebuilt with
   the same container types).
-* :mod:`.stats`: the public :class:`~prefetch.LoaderStats` and policy events.
+* :mod:`.stats`: the public :class:`~prefetch.LoaderStats` and policy events;
+  :mod:`.totals`: :class:`~prefetch.TotalStats`, a wrapper's epochs summed.
 * :mod:`.checkpointing` and :mod:`.stateful`: ``state_dict`` only where the
   wrapped loader has state.
 * :mod:`.pinning`: page-locked memory, pinned in the producer thread for the
   device's copies.
 * Small helpers: :mod:`.arguments` (argument checks that name the argument),
-  :mod:`.distributed` (the unsharded-loader warning), :mod:`.profiling`,
+  :mod:`.distributed` (the unsharded and unprepared-loader warnings), :mod:`.profiling`,
   :mod:`.progress`, :mod:`.user_frame`.
 """

@@ -1,4 +1,4 @@
-"""A warning for a loader that every rank of a distributed job reads whole.
+"""Warnings for a loader that a distributed job reads whole, or that accelerate never prepared.
 
 Frameworks shard a ``DataLoader`` by giving it a ``DistributedSampler``;
 Lightning does that only for a real ``DataLoader``, so a wrapped one keeps
@@ -15,10 +15,19 @@ Invariants:
   datasets shard themselves or not; that cannot be seen from outside.
 * **Once per wrapper, innermost only.** A stack warns once, from the wrapper
   that holds the ``DataLoader``.
+* **accelerate: wrap after ``prepare()``.** ``accelerator.prepare()`` returns
+  anything that is not a ``DataLoader`` untouched, so a wrapper prepared
+  instead of its ``DataLoader`` silently gets no device placement, sharding
+  or end-of-data signal, even on one process. At its first epoch a wrapper
+  warns when an ``Accelerator`` exists (accelerate's state is initialised;
+  accelerate is only looked for in ``sys.modules``, never imported) and it
+  holds a plain ``DataLoader`` that no sampler shards. Parallel fetch, which
+  cannot read a prepared loader, does not look.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -32,6 +41,12 @@ def _shards(sampler: Any) -> bool:
     if isinstance(sampler, DistributedSampler):
         return True
     return any(getattr(sampler, name, 1) != 1 for name in ("num_replicas", "num_processes"))
+
+
+def _sharded(loader: DataLoader[Any]) -> bool:
+    batch_sampler = loader.batch_sampler
+    samplers = (loader.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
+    return any(_shards(sampler) for sampler in samplers if sampler is not None)
 
 
 def distributed_world() -> int:
@@ -52,11 +67,7 @@ def unsharded_message(loader: Any, wrapper: str) -> str | None:
     world = distributed_world()
     if world <= 1 or not isinstance(loader, DataLoader):
         return None
-    if isinstance(loader.dataset, IterableDataset):
-        return None
-    batch_sampler = loader.batch_sampler
-    samplers = (loader.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
-    if any(_shards(sampler) for sampler in samplers if sampler is not None):
+    if isinstance(loader.dataset, IterableDataset) or _sharded(loader):
         return None
     return (
         f"{wrapper}: torch.distributed runs {world} processes, but the wrapped DataLoader's "
@@ -70,5 +81,51 @@ def unsharded_message(loader: Any, wrapper: str) -> str | None:
 def warn_if_unsharded(loader: Any, wrapper: str) -> None:
     """Warn (``UserWarning``) if every rank reads all of ``loader``; see the module invariants."""
     message = unsharded_message(loader, wrapper)
+    if message is not None:
+        warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+
+
+def accelerator_initialised() -> bool:
+    """Return whether an ``accelerate.Accelerator`` was created (without importing accelerate).
+
+    Example:
+        >>> import sys
+        >>> imported = "accelerate" in sys.modules
+        >>> isinstance(accelerator_initialised(), bool), ("accelerate" in sys.modules) == imported
+        (True, True)
+    """
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return False
+    initialised = getattr(state, "is_initialized", None)
+    if callable(initialised):
+        return bool(initialised())
+    return bool(getattr(getattr(state, "AcceleratorState", None), "_shared_state", None))
+
+
+def unprepared_message(loader: Any, wrapper: str) -> str | None:
+    """Return the warning for ``loader`` if it is a ``DataLoader`` accelerate has not prepared.
+
+    Only while an ``Accelerator`` exists, and not for a ``DataLoader`` whose
+    sampler shards it (the user prepared it by hand).
+    """
+    if not isinstance(loader, DataLoader) or not accelerator_initialised():
+        return None
+    if type(loader).__module__.split(".")[0] == "accelerate" or _sharded(loader):
+        return None
+    return (
+        f"{wrapper} wraps a {type(loader).__name__} that accelerate has not prepared, while an "
+        f"Accelerator is set up: accelerator.prepare() returns the {wrapper} untouched (it is "
+        "not a DataLoader), so these batches get no device placement, no sharding across "
+        "processes and no end-of-data signal for gradient accumulation. Prepare first, then "
+        f"wrap: {wrapper}(accelerator.prepare(dataloader)). If this DataLoader is meant to "
+        f"stay unprepared, silence this with warnings.filterwarnings('ignore', "
+        f"message='{wrapper} wraps a')"
+    )
+
+
+def warn_if_unprepared(loader: Any, wrapper: str) -> None:
+    """Warn (``UserWarning``) if ``loader`` is a DataLoader accelerate should have prepared."""
+    message = unprepared_message(loader, wrapper)
     if message is not None:
         warnings.warn(message, UserWarning, stacklevel=user_stacklevel())

@@ -4,6 +4,89 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Protocol
+
+ADVISE_WAIT = 0.1
+"""Share of the time the loop waited above which a summary looks for a remedy."""
+ADVISE_BUSY = 0.7
+"""Share of the time the producer was busy above which it "cannot keep up"."""
+ADVISE_ITEM_SECONDS = 0.001
+"""Producer seconds per item below which loading in parallel would not pay its hand-offs."""
+
+
+class Figures(Protocol):
+    """What :func:`producer_advice` reads: one epoch's stats, or a wrapper's totals."""
+
+    @property
+    def items(self) -> int: ...
+
+    @property
+    def source_seconds(self) -> float: ...
+
+    @property
+    def parallel_fetch_available(self) -> bool: ...
+
+    @property
+    def elapsed_seconds(self) -> float: ...
+
+    @property
+    def wait_fraction(self) -> float: ...
+
+
+def producer_advice(figures: Figures) -> str:
+    """Return what to do when the producer cannot keep up and threads could read in parallel.
+
+    ``parallel_fetch_available`` says whether ``fetch_threads`` can read the
+    wrapped loader (a map-style ``DataLoader`` with ``num_workers=0``, read by
+    one thread); the remedy is named only then, and only for a loop that
+    waited at least :data:`ADVISE_WAIT` of the time on a producer busy at
+    least :data:`ADVISE_BUSY` of it, at :data:`ADVISE_ITEM_SECONDS` or more
+    per item.
+
+    Example:
+        >>> producer_advice(LoaderStats(items=10, wait_seconds=1.0, source_seconds=1.9,
+        ...                             started=0.0, finished=2.0))
+        ''
+    """
+    elapsed, items = figures.elapsed_seconds, figures.items
+    if not figures.parallel_fetch_available or elapsed <= 0 or not items:
+        return ""
+    busy = figures.source_seconds / elapsed
+    if figures.wait_fraction < ADVISE_WAIT or busy < ADVISE_BUSY:
+        return ""
+    if figures.source_seconds / items < ADVISE_ITEM_SECONDS:
+        return ""
+    return (
+        f"the producer cannot keep up (busy {min(busy, 1.0):.0%} of the time): read the "
+        "DataLoader's batches in parallel with BackgroundLoader(..., fetch_threads='auto') "
+        "(threads, when loading releases the GIL) or DataLoader(num_workers=N) (processes)"
+    )
+
+
+SCALARS = ("items", "wait_seconds", "source_seconds", "elapsed_seconds", "wait_fraction")
+"""What ``scalars()`` always gives, for one epoch or for a wrapper's totals."""
+BUFFER_SCALARS = ("peak_items", "peak_bytes", "fetch_seconds", "collate_seconds")
+"""What ``scalars()`` adds for a ``BackgroundLoader`` (with its depth and thread figures)."""
+
+
+def flat_scalars(figures: object, names: tuple[str, ...], prefix: str) -> dict[str, float]:
+    """Return the figures ``names`` of ``figures`` as floats under ``prefix + name``.
+
+    A list (seconds per thread) is summed; a ``None`` is left out.
+
+    Example:
+        >>> flat_scalars(LoaderStats(items=3), ("items", "depth", "fetch_seconds"), "data/")
+        {'data/items': 3.0, 'data/fetch_seconds': 0.0}
+    """
+    if not isinstance(prefix, str):
+        msg = f"scalars(prefix=...) expects a str, got {prefix!r} of type {type(prefix).__name__}"
+        raise TypeError(msg)
+    values = {name: getattr(figures, name) for name in names}
+    return {
+        f"{prefix}{name}": float(sum(value) if isinstance(value, list) else value)
+        for name, value in values.items()
+        if value is not None
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +138,13 @@ class LoaderStats:
     ``wait_seconds`` is time the consumer (your training loop) spent inside
     ``next()`` waiting for an item that was not ready yet; ``source_seconds``
     is time spent inside the wrapped loader producing items. ``elapsed_seconds``
-    runs from the start of the epoch (``iter()``) to the last item handed over,
-    or to now while the epoch is still open.
+    runs from the start of the epoch (``iter()``) to the last item handed
+    over (``last_handoff``); before the first item, to the epoch's end
+    (``finished``) or now. So the time after an epoch's last item never
+    counts, however the epoch ends: the loop asks for more (a ``for`` loop),
+    stops at ``len(loader)`` (as Lightning does), breaks out, or a wrapper
+    above releases it. ``wait_fraction`` is their ratio, at most 1 (the wait
+    for the end of the data, after the last item, is in ``wait_seconds``).
 
     A :class:`~prefetch.BackgroundLoader` also reports its buffer: ``depth``
     (now) and ``peak_depth`` (highest this epoch), ``depth_events`` (each
@@ -69,6 +157,15 @@ class LoaderStats:
     (each change of ``fetch_threads="auto"`` and why), ``fetch_seconds``
     (seconds each thread spent reading samples, one entry per thread started)
     and ``collate_seconds`` (all threads, in ``collate_fn``).
+
+    ``parallel_fetch_available`` is true when a ``BackgroundLoader`` read a
+    map-style ``DataLoader`` with ``num_workers=0`` in one thread, so
+    ``fetch_threads`` could read it in parallel: :meth:`summary` then says so
+    when the producer could not keep up with the loop.
+
+    :meth:`scalars` gives the figures as a flat ``{name: float}`` dict for a
+    logger; a wrapper's :attr:`~prefetch.BackgroundLoader.total_stats` sums
+    its epochs (:class:`~prefetch.TotalStats`).
 
     Example:
         >>> stats = LoaderStats(items=10, wait_seconds=0.5, source_seconds=2.0,
@@ -94,20 +191,22 @@ class LoaderStats:
     thread_events: list[ThreadEvent] = dataclasses.field(default_factory=list)
     fetch_seconds: list[float] = dataclasses.field(default_factory=list)
     collate_seconds: float = 0.0
+    parallel_fetch_available: bool = False
+    last_handoff: float | None = None  # perf_counter() at the latest change of ``items``
 
     @property
     def elapsed_seconds(self) -> float:
-        """Seconds from the start of the epoch to the last hand-off (or now)."""
+        """Seconds from the start of the epoch to its latest hand-off (or its end, or now)."""
         if self.started is None:
             return 0.0
-        end = self.finished if self.finished is not None else time.perf_counter()
-        return max(end - self.started, 0.0)
+        end = self.last_handoff if self.last_handoff is not None else self.finished
+        return max((end if end is not None else time.perf_counter()) - self.started, 0.0)
 
     @property
     def wait_fraction(self) -> float:
-        """Share of the epoch's elapsed time the consumer waited for data."""
+        """Share of the epoch's elapsed time the consumer waited for data (at most 1)."""
         elapsed = self.elapsed_seconds
-        return self.wait_seconds / elapsed if elapsed > 0 else 0.0
+        return min(self.wait_seconds / elapsed, 1.0) if elapsed > 0 else 0.0
 
     def summary(self) -> str:
         """Return a one-line account such as ``'waited 42% of the time for data'``."""
@@ -120,7 +219,32 @@ class LoaderStats:
         stages = self.stage_summary()
         if stages:
             text += f"; {stages}"
-        return text
+        advice = producer_advice(self)
+        return f"{text}; {advice}" if advice else text
+
+    def scalars(self, prefix: str = "") -> dict[str, float]:
+        """Return the figures as flat ``{prefix + name: value}`` floats, for any logger.
+
+        Always ``items``, ``wait_seconds``, ``source_seconds``,
+        ``elapsed_seconds`` and ``wait_fraction``; for a ``BackgroundLoader``
+        (which has a ``depth``) also ``depth``, ``peak_depth``, ``peak_items``,
+        ``peak_bytes``, ``fetch_threads``, ``peak_fetch_threads``,
+        ``fetch_seconds`` (summed over the threads; 0 without parallel fetch)
+        and ``collate_seconds``. So one wrapper logs the same names every
+        epoch. ``prefix`` is prepended as given (``"data/"`` gives
+        ``"data/items"``).
+
+        Example:
+            >>> stats = LoaderStats(items=10, wait_seconds=0.5, source_seconds=2.0,
+            ...                     started=100.0, finished=102.0)
+            >>> stats.scalars(prefix="data/")  # doctest: +NORMALIZE_WHITESPACE
+            {'data/items': 10.0, 'data/wait_seconds': 0.5, 'data/source_seconds': 2.0,
+             'data/elapsed_seconds': 2.0, 'data/wait_fraction': 0.25}
+        """
+        names: tuple[str, ...] = SCALARS
+        if self.depth is not None:
+            names += ("depth", "peak_depth", "fetch_threads", "peak_fetch_threads", *BUFFER_SCALARS)
+        return flat_scalars(self, names, prefix)
 
     def stage_summary(self) -> str:
         """Say how busy parallel fetch's threads were, reading and collating ('' without it).
@@ -146,3 +270,18 @@ class LoaderStats:
             f"{self.fetch_threads} fetch thread{'' if self.fetch_threads == 1 else 's'} busy "
             f"{reading + collate:.0%} of the time (reading {reading:.0%}, collate_fn {collate:.0%})"
         )
+
+
+def _items(stats: LoaderStats) -> int:
+    return stats.__dict__.get("_items", 0)  # type: ignore[no-any-return]
+
+
+def _count_items(stats: LoaderStats, value: int) -> None:
+    stats.__dict__["_items"] = value
+    stats.last_handoff = time.perf_counter()
+
+
+# Every wrapper's iterator counts a hand-off with ``stats.items += 1``: as a property,
+# ``items`` also stamps ``last_handoff`` (the dataclass's __init__ sets ``items`` before
+# ``last_handoff``, so a constructed value wins).
+setattr(LoaderStats, "items", property(_items, _count_items, doc="Items handed to the loop."))  # noqa: B010

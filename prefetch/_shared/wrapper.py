@@ -32,10 +32,11 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from prefetch._shared.distributed import distributed_world, warn_if_unsharded
+from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs
 from prefetch._shared.stateful import NotStatefulError, read_state
 from prefetch._shared.stats import LoaderStats
+from prefetch._shared.totals import EpochTotals, TotalStats
 from prefetch._shared.user_frame import user_stacklevel
 
 if TYPE_CHECKING:
@@ -140,12 +141,21 @@ class LoaderWrapper:
         self._epoch: EpochRecord | None = None  # the latest iter()'s (None: read the loader)
         self._epochs = OpenEpochs()
         self._sharding_checked = False  # looked for a DataLoader that every rank reads whole
+        self._preparation_due = True  # look once for a DataLoader accelerate did not prepare
         self._warned_used_up = False
+        self._totals = EpochTotals()
+        # Whether fetch_threads could read what this stack reads (the summary's advice names it).
+        self._parallel_fetch_available: bool = (
+            isinstance(loader, LoaderWrapper) and loader._parallel_fetch_available
+        )
 
     def __iter__(self) -> EpochIterator[Any]:
         if not self._sharding_checked and distributed_world() > 1:
             self._sharding_checked = True
             warn_if_unsharded(self._loader, type(self).__name__)
+        if self._preparation_due:
+            self._preparation_due = False
+            warn_if_unprepared(self._loader, type(self).__name__)
         loader = self._loader
         reason = one_iterator_reason(loader)
         if reason is not None:
@@ -165,9 +175,11 @@ class LoaderWrapper:
         # this state, not the finished previous one. Nothing runs ahead yet.
         last = self._epochs.last
         record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
+        record.stats.parallel_fetch_available = self._parallel_fetch_available
         iterator = self._open_epoch(source, record)
         self._epoch = record
         self._epochs.add(iterator)
+        self._totals.add(iterator)
         return iterator
 
     def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> EpochIterator[Any]:
@@ -197,6 +209,14 @@ class LoaderWrapper:
         recent ``iter()`` returned; each iterator's own ``stats`` is its epoch's.
         """
         return self._epoch.stats if self._epoch is not None else LoaderStats()
+
+    @property
+    def total_stats(self) -> TotalStats:
+        """Every epoch's :attr:`stats` summed: a :class:`~prefetch.TotalStats` snapshot.
+
+        Counts each epoch in which the loop received an item, the open one up to now.
+        """
+        return self._totals.snapshot()
 
     def close(self) -> None:
         """Stop every open epoch and release its source; a wrapped wrapper is closed too.

@@ -1,7 +1,8 @@
 """The thread side: :class:`~prefetch.BackgroundLoader` and what runs it.
 
 * :mod:`.loader`: the loader (arguments, epochs) and :mod:`.iterator`, the
-  consumer end of one epoch.
+  consumer end of one epoch; :mod:`.keywords`: the error for a keyword the
+  loader does not take (a DataLoader's, a typo).
 * :mod:`.engine`: the only place that starts threads; every concurrency
   invariant is written in its docstring.
 * :mod:`.tasks`: what a thread draws (in order) and runs (in parallel);

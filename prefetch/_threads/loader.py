@@ -37,6 +37,7 @@ from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, QUICK_MAX_DEPTH, DepthPolicy
 from prefetch._threads.engine import Engine
 from prefetch._threads.iterator import BackgroundIterator
+from prefetch._threads.keywords import explain_keywords
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
 from prefetch._threads.policy import DEPTH, THREADS, Control, Fixed
 from prefetch._threads.sampler_seed import start_sampler_here
@@ -101,14 +102,23 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             accelerator this warns once and items pass through unchanged.
         num_threads: If given, ``torch.set_num_threads`` in the producer
             thread(s), so torch work there does not fight your training step
-            for the cores.
+            for the cores. It sets how many cores *each* thread's torch ops
+            may use, not how many threads load: that is ``fetch_threads``.
         fetch_threads: Parallel fetch, for a map-style ``DataLoader`` with
             ``num_workers=0``: this many threads read and collate its batches
             (``"auto"``: as many as make the loop wait less, up to about the
             core count for CPU-bound work and more for I/O), delivered in
             sampler order, exactly the DataLoader's batches. ``None`` (the
             default): one thread produces the loader's items, whatever the
-            loader is. See the guide on threads versus worker processes.
+            loader is. The threads' counterpart of the DataLoader's
+            ``num_workers`` (worker processes, set on the ``DataLoader``,
+            which this loader does not take); see the guide on threads
+            versus worker processes.
+
+    DataLoader arguments (``num_workers``, ``batch_size``, ``shuffle``,
+    ``prefetch_factor``, ...) belong to the ``DataLoader`` you wrap; passing
+    one here raises ``TypeError`` saying so, and a misspelt keyword names
+    the close matches.
 
     Example:
         >>> loader = BackgroundLoader(range(5))
@@ -120,6 +130,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         8
     """
 
+    @explain_keywords("BackgroundLoader")
     def __init__(
         self,
         loader: Iterable[T],
@@ -159,12 +170,15 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._fetch_threads = check_fetch_threads(fetch_threads, "BackgroundLoader")
         if fetch_threads is not None:
             check_parallel_loader(loader, "BackgroundLoader")
+        available = fetch_threads is None and _fetchable(loader)
         self._threads: Control = Fixed(
             THREADS, fetch_threads if isinstance(fetch_threads, int) else 1
         )
         if fetch_threads == "auto":
             self._threads = ThreadPolicy(max_bytes=self._max_bytes)
         super().__init__(loader)
+        self._parallel_fetch_available = available  # the summary's advice may name it
+        self._preparation_due = fetch_threads is None  # fetch_threads reads unprepared loaders
         self._pin_memory = pin_memory
         self._num_threads = num_threads
         self._pin_device: int | None = None  # None: the caller's current device at iter()
@@ -253,3 +267,12 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         if self._fetch_threads is not None:
             text += f", fetch_threads={self._fetch_threads!r}"
         return text + ")"
+
+
+def _fetchable(loader: object) -> bool:
+    """Whether ``fetch_threads`` could read ``loader`` (a map-style single-process DataLoader)."""
+    try:
+        check_parallel_loader(loader, "BackgroundLoader")
+    except (TypeError, ValueError):
+        return False
+    return True

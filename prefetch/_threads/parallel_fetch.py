@@ -100,11 +100,14 @@ def check_parallel_loader(loader: object, caller: str) -> None:
         )
         raise TypeError(msg)
     if isinstance(loader.dataset, IterableDataset):
+        kind = type(loader.dataset)  # Hugging Face's class is named IterableDataset itself
+        found = f"{kind.__qualname__}, an IterableDataset"
+        if kind.__qualname__ == "IterableDataset":
+            found = f"an IterableDataset (from {kind.__module__})"
         msg = (
-            f"{what} needs a map-style dataset (indices to read in parallel); "
-            f"got the IterableDataset {type(loader.dataset).__name__}, which only its own "
-            "iterator can read, in order. Leave fetch_threads unset, or give it "
-            "num_workers (each worker process reads its own shard)"
+            f"{what} needs a map-style dataset (indices to read in parallel); got {found}, "
+            "which only its own iterator can read, in order. Leave fetch_threads unset, or "
+            "give it num_workers (each worker process reads its own shard)"
         )
         raise TypeError(msg)
     if loader.num_workers > 0:
