@@ -148,6 +148,7 @@ class DeviceIterator(EpochIterator[T]):
             self._pending.popleft()
             self._record.state = entry.state
             stats.items += 1
+            stats.last_handoff = time.perf_counter()
             return entry.batch  # type: ignore[no-any-return]  # InFlight holds Any
         finally:
             stats.wait_seconds += time.perf_counter() - started

@@ -192,7 +192,7 @@ class LoaderStats:
     fetch_seconds: list[float] = dataclasses.field(default_factory=list)
     collate_seconds: float = 0.0
     parallel_fetch_available: bool = False
-    last_handoff: float | None = None  # perf_counter() at the latest change of ``items``
+    last_handoff: float | None = None  # perf_counter() at the latest hand-off (see elapsed)
 
     @property
     def elapsed_seconds(self) -> float:
@@ -271,17 +271,3 @@ class LoaderStats:
             f"{reading + collate:.0%} of the time (reading {reading:.0%}, collate_fn {collate:.0%})"
         )
 
-
-def _items(stats: LoaderStats) -> int:
-    return stats.__dict__.get("_items", 0)  # type: ignore[no-any-return]
-
-
-def _count_items(stats: LoaderStats, value: int) -> None:
-    stats.__dict__["_items"] = value
-    stats.last_handoff = time.perf_counter()
-
-
-# Every wrapper's iterator counts a hand-off with ``stats.items += 1``: as a property,
-# ``items`` also stamps ``last_handoff`` (the dataclass's __init__ sets ``items`` before
-# ``last_handoff``, so a constructed value wins).
-setattr(LoaderStats, "items", property(_items, _count_items, doc="Items handed to the loop."))  # noqa: B010

@@ -12,10 +12,14 @@ Invariants:
   handed over by :meth:`BackgroundIterator.__next__` alone: no lock, no
   clock, no policy. Every quarter of what the bounds let in flight (the
   depth, or the items ``max_bytes`` holds; at least every item), and
-  whenever the items taken run out, the slow path gives their tickets back and takes the
-  runs posted since (:meth:`~prefetch._threads.engine.Engine.exchange`), and
-  reports to the policies. An item handed over is no longer referenced by
-  the run, so the loop alone decides how long it lives.
+  whenever the items taken run out, the slow path gives their tickets back
+  and takes the runs posted since
+  (:meth:`~prefetch._threads.engine.Engine.exchange`), and reports to the
+  policies. A run's first and last items take the slow path too, which
+  stamps ``stats.last_handoff`` (so an epoch's time ends at its last item,
+  to within a quarter of the depth when the loop stops in a run's middle).
+  An item handed over is no longer referenced by the run, so the loop alone
+  decides how long it lives.
 * Only the latest epoch reports to the depth and thread policies; an older
   one still open keeps the depth and threads it had.
 * An ``Exception`` the source raised (``RAISED``) is re-raised in its place
@@ -147,9 +151,11 @@ class BackgroundIterator(EpochIterator[T]):
                     if handed >= self._return_every or (pos + 1 == len(items) and not self._queued):
                         self._exchange(wait=False)  # tickets back; the runs posted since
                         handed = 0
+                    stats.last_handoff = time.perf_counter()
                     if self._reports:
                         self._note_hand_over(self._ready())
-                    self._fast_until = min(len(items), pos + self._return_every - handed)
+                    # The fast path stops before a return point and before a run's last item.
+                    self._fast_until = min(len(items) - 1, pos + self._return_every - handed)
                     return item  # type: ignore[no-any-return]
                 if self._end_message is not None:
                     self._take_end()
