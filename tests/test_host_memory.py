@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from prefetch import BackgroundLoader, CudaPrefetcher
-from prefetch._device.host import HostCheck, leaf_path
+from prefetch._device.host import leaf_path
 from prefetch._shared import pinning
 from prefetch._threads import loader as background
 
 from . import fake_device
 from .fake_device import FakeOps
+from .gpu.gpu_helpers import check_first_batch_only
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,7 +62,7 @@ class TestPageableWarnings:
         batches = [batch(pinned(torch.zeros(4))) for _ in range(2)] + [batch(torch.zeros(4))] * 2
         messages = caught(CudaPrefetcher(batches), epochs=2)
         assert len(messages) == 1
-        assert "batch['image'] of batch 2" in messages[0] and "unpinned" in messages[0]
+        assert "batch 2, leaf batch['image'], arrives in unpinned" in messages[0]
 
     def test_pinned_but_not_dense(self, fake_ops: list[FakeOps]) -> None:
         """A pinned slice with gaps warns that torch gathers it into a pageable temporary."""
@@ -69,7 +70,7 @@ class TestPageableWarnings:
         setattr(strided, PINNED, True)  # a view of pinned memory is pinned
         messages = caught(CudaPrefetcher([batch(pinned(torch.zeros(4)))] + [batch(strided)] * 3))
         assert len(messages) == 1
-        assert "batch['image'] of batch 1 (counting from 0) is pinned but not dense" in messages[0]
+        assert "batch 1, leaf batch['image'], is pinned but not dense" in messages[0]
         assert "strides (6, 2)" in messages[0]
 
     def test_each_kind_once(self, fake_ops: list[FakeOps]) -> None:
@@ -92,14 +93,7 @@ class TestPageableWarnings:
         self, fake_ops: list[FakeOps], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Control: looking at the first batch only (the old check) misses batch 2."""
-        check = HostCheck.check
-
-        def first_only(self: HostCheck, host: Any) -> None:
-            if self._batches == 0:
-                check(self, host)
-            self._batches += 1
-
-        monkeypatch.setattr(HostCheck, "check", first_only)
+        check_first_batch_only(monkeypatch)
         batches = [batch(pinned(torch.zeros(4))) for _ in range(2)] + [batch(torch.zeros(4))]
         assert caught(CudaPrefetcher(batches)) == []
 

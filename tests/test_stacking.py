@@ -25,6 +25,7 @@ from prefetch._device import iterator as device_iterator
 
 from . import fake_device
 from .fake_device import FakeOps, FakeStream
+from .gpu.gpu_helpers import Opaque
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -39,16 +40,6 @@ class Named:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.loader)
-
-
-class Opaque:
-    """A wrapper that hides what it wraps: only the thread check can see the order."""
-
-    def __init__(self, loader: Any) -> None:
-        self._inner = loader
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._inner)
 
 
 def batches(n: int) -> list[torch.Tensor]:

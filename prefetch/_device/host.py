@@ -100,7 +100,7 @@ class HostCheck:
             warnings.warn(self._message(reason, path, tensor), UserWarning, user_stacklevel())
 
     def _message(self, reason: str, path: str, tensor: torch.Tensor) -> str:
-        where = f"{path} of batch {self._batches - 1} (counting from 0)"
+        where = f"batch {self._batches - 1}" + (f", leaf {path}," if path != "batch" else "")
         if reason == UNPINNED:
             return (
                 f"CudaPrefetcher: {where} arrives in unpinned host memory, so its copy to "
