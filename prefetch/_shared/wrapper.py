@@ -19,8 +19,8 @@ wrapper calls on another): :meth:`LoaderWrapper._open_epoch`,
 :meth:`LoaderWrapper._start_state` (the checkpointing twin's) and
 :meth:`LoaderWrapper._copied_to`; and one class attribute a subclass sets,
 :attr:`LoaderWrapper._runs_on_consumer_thread`, which a wrapper that runs a
-thread of its own reads through :func:`consumer_thread_wrapper` to refuse
-being stacked on such a wrapper.
+thread of its own reads (:mod:`prefetch._shared.stacking`) to refuse being
+stacked on such a wrapper.
 
 Invariant: a wrapper has ``state_dict``/``load_state_dict`` exactly when the
 loader it wraps can checkpoint; :mod:`prefetch._shared.checkpointing` (this
@@ -270,33 +270,6 @@ class LoaderWrapper:
                 f"and neither has the wrapped {type(loader).__name__!r}"
             )
             raise AttributeError(msg) from None
-
-
-def consumer_thread_wrapper(loader: Any, limit: int = 32) -> LoaderWrapper | None:
-    """Return the first wrapper in ``loader`` that must run on the consumer's thread, if any.
-
-    It follows ``.loader`` from ``loader`` inwards (through this package's
-    wrappers and any other object that names what it wraps ``loader``), at
-    most ``limit`` levels. A wrapper that iterates its loader in a thread of
-    its own calls it to refuse a wrong stack at construction.
-
-    Example:
-        >>> consumer_thread_wrapper([1, 2]) is None
-        True
-    """
-    seen: set[int] = set()
-    while loader is not None and id(loader) not in seen and len(seen) < limit:
-        seen.add(id(loader))
-        if isinstance(loader, LoaderWrapper):
-            if loader._runs_on_consumer_thread:
-                return loader
-            loader = loader.loader
-            continue
-        try:
-            loader = getattr(loader, "loader", None)
-        except Exception:  # a property of someone else's object: stop looking
-            return None
-    return None
 
 
 def _why_unsized(loader: Any) -> str:

@@ -34,7 +34,8 @@ from prefetch._shared.pinning import (
     pinning_unsupported,
     select_device,
 )
-from prefetch._shared.wrapper import LoaderWrapper, consumer_thread_wrapper, short_repr
+from prefetch._shared.stacking import consumer_thread_wrapper
+from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, DepthPolicy
 from prefetch._threads.engine import Engine
 from prefetch._threads.iterator import BackgroundIterator
