@@ -3,8 +3,7 @@
 Checked on a CPU with the recording fake device (``fake_device``); each
 check also runs against the code with its protection switched off, to show
 it would catch that bug. ``tests/gpu/test_defects_on_gpu.py`` and
-``test_inputs_on_gpu.py`` check the
-same protections on a real GPU.
+``test_inputs_on_gpu.py`` check the same protections on a real GPU.
 """
 
 from __future__ import annotations
