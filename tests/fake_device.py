@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from prefetch._device import prefetcher as cuda_prefetcher
+from prefetch._device import streams
 from prefetch._shared.structure import iter_leaves, iter_tensors, map_leaves
 
 Log = list[tuple[Any, ...]]
@@ -47,6 +49,10 @@ class FakeEvent:
 
     def record(self, stream: FakeStream) -> None:
         self.log.append(("record_event", self.ident, stream.name))
+
+    def synchronize(self) -> None:
+        """The CPU waits for the event."""
+        self.log.append(("synchronize", self.ident))
 
 
 RESIDENT = "_fake_device_resident"
@@ -89,11 +95,20 @@ class FakeOps:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.log: Log = []
-        self.consumer = FakeStream(self.log, "consumer")
-        self.current = self.consumer
+        self.consumer = FakeStream(self.log, "consumer")  # every thread's default stream
+        self._local = threading.local()
         self.streams: list[FakeStream] = []
         self.device_tensors: dict[int, torch.Tensor] = {}
         self._events = itertools.count()
+
+    @property
+    def current(self) -> FakeStream:
+        """The calling thread's current stream (a new thread starts on ``consumer``)."""
+        return getattr(self._local, "stream", self.consumer)  # type: ignore[no-any-return]
+
+    @current.setter
+    def current(self, stream: FakeStream) -> None:
+        self._local.stream = stream
 
     def new_stream(self) -> FakeStream:
         stream = FakeStream(self.log, f"side{len(self.streams)}")
@@ -159,7 +174,7 @@ def copy_groups(log: Log) -> list[tuple[int, list[int], int]]:
             if not ids:
                 start = index
             ids.append(entry[2])
-        elif entry[0] == "record_event":
+        elif entry[0] == "record_event" and entry[2] != "consumer":
             groups.append((start, ids, entry[1]))
             ids = []
     return groups
@@ -169,7 +184,7 @@ def check_copies_on_side_stream(log: Log, side: str) -> None:
     """Every copy ran while the side stream was current."""
     streams = {entry[1] for entry in log if entry[0] == "copy"}
     assert streams == {side}, f"copies ran on {streams}, expected only {side}"
-    events = {entry[2] for entry in log if entry[0] == "record_event"}
+    events = {entry[2] for entry in log if entry[0] == "record_event"} - {"consumer"}
     assert events == {side}, f"events recorded on {events}"
 
 
@@ -242,7 +257,9 @@ def check_resident_inputs(log: Log, side: str) -> None:
     reads = [(i, e) for i, e in enumerate(log) if e[0] == "transform" and e[2]]
     assert reads, "no transform read a device-resident input"
     for index, entry in reads:
-        ends = [i for i, e in enumerate(log[:index]) if e[0] == "record_event"]
+        ends = [
+            i for i, e in enumerate(log[:index]) if e[0] == "record_event" and e[2] != "consumer"
+        ]
         window = log[(ends[-1] if ends else -1) + 1 : index]
         assert ("wait_stream", side, "consumer") in window, f"transform at {index} not ordered"
         for ident in entry[2]:
@@ -250,8 +267,12 @@ def check_resident_inputs(log: Log, side: str) -> None:
 
 
 def install(monkeypatch: pytest.MonkeyPatch) -> list[FakeOps]:
-    """Make every CudaPrefetcher see a fake 'cuda:0'; return the ops objects it creates."""
+    """Make every CudaPrefetcher see a fake 'cuda:0'; return the ops objects it creates.
+
+    Side streams come from a fresh registry, so no stream of another test is recycled.
+    """
     created: list[FakeOps] = []
+    monkeypatch.setattr(streams, "REGISTRY", streams.StreamRegistry())
 
     def make(device: torch.device) -> FakeOps:
         ops = FakeOps(device)

@@ -188,6 +188,57 @@ class TestStructure:
         assert torch.equal(out["d"].image, torch.ones(3))
 
 
+class RaisingMove:
+    """A .to() that takes non_blocking and raises a TypeError of its own."""
+
+    calls = 0
+
+    def to(self, device: Any, non_blocking: bool = False) -> RaisingMove:
+        RaisingMove.calls += 1
+        raise TypeError("the user's own bug")
+
+
+class KeywordMove:
+    """A .to(device, **kwargs), like a HuggingFace BatchEncoding's."""
+
+    def __init__(self) -> None:
+        self.kwargs: list[dict[str, Any]] = []
+
+    def to(self, device: Any, **kwargs: Any) -> KeywordMove:
+        self.kwargs.append(kwargs)
+        return self
+
+
+class TestToFallback:
+    """Only a .to() that does not take non_blocking is called without it."""
+
+    def test_a_users_type_error_propagates_once(self) -> None:
+        """A TypeError raised inside .to() reaches the caller; the move does not run twice."""
+        RaisingMove.calls = 0
+        with pytest.raises(TypeError, match="the user's own bug"):
+            DeviceOps(torch.device("cpu")).copy({"m": RaisingMove()})
+        assert RaisingMove.calls == 1
+
+    def test_keyword_arguments_get_non_blocking(self) -> None:
+        """A .to() with **kwargs is passed non_blocking."""
+        move = KeywordMove()
+        DeviceOps(torch.device("cpu")).copy([move])
+        assert move.kwargs == [{"non_blocking": True}]
+
+    def test_signature_read_once_per_type(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The signature is inspected once per type, not per batch."""
+        reads: list[Any] = []
+        signature = device_ops.inspect.signature
+        monkeypatch.setattr(device_ops, "_TAKES_NON_BLOCKING", {})
+        monkeypatch.setattr(
+            device_ops.inspect, "signature", lambda f: reads.append(f) or signature(f)
+        )
+        ops = DeviceOps(torch.device("cpu"))
+        for _ in range(3):
+            ops.copy([OldMovable(), Movable()])
+        assert len(reads) == 2
+
+
 class TestProtocolOnCpu:
     """Epochs, errors, close and pass-through behave as BackgroundLoader's do."""
 

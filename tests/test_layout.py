@@ -3,7 +3,8 @@
 ``prefetch/_shared`` is used by both sides and uses neither; ``_threads`` (the
 background threads) uses ``_shared``; ``_device`` (the stream copies) may use
 both. A module reads another module's private names only where the two are
-declared partners or the name is a hook that :class:`LoaderWrapper` declares.
+declared partners or the name is a hook or class attribute that
+:class:`LoaderWrapper` declares.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ PARTNERS = {("_shared/checkpointing.py", "_shared/wrapper.py")}
 """(reader, owner): modules that read each other's private names by design."""
 HOOKS = {"_open_epoch", "_start_state", "_copied_to"}
 """Hooks LoaderWrapper declares: any wrapper may call them on the wrapper it wraps."""
+DECLARED = {"_runs_on_consumer_thread"}
+"""Class attributes LoaderWrapper declares and a subclass overrides; any wrapper may read them."""
 
 
 def modules() -> dict[str, ast.Module]:
@@ -95,7 +98,7 @@ class TestNoPrivateDoors:
         doors = []
         for name, tree in trees.items():
             for line, attr in foreign_reads(tree):
-                if attr in defined[name] or attr in HOOKS:
+                if attr in defined[name] or attr in HOOKS or attr in DECLARED:
                     continue
                 owners = [other for other, names in defined.items() if attr in names]
                 if owners and not any((name, owner) in PARTNERS for owner in owners):
@@ -108,6 +111,13 @@ class TestNoPrivateDoors:
         from prefetch._shared.wrapper import LoaderWrapper
 
         assert callable(getattr(LoaderWrapper, hook, None))
+
+    @pytest.mark.parametrize("name", sorted(DECLARED))
+    def test_declared_attributes_are_on_the_wrapper_base(self, name: str) -> None:
+        """Every declared attribute has its default on LoaderWrapper (so it is declared)."""
+        from prefetch._shared.wrapper import LoaderWrapper
+
+        assert name in vars(LoaderWrapper)
 
     def test_the_check_finds_a_door(self) -> None:
         """The check flags a read of another module's private name (its control)."""

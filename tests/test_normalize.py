@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from prefetch import CudaPrefetcher, Normalize
+from prefetch._device import normalize as normalize_module
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -75,6 +77,113 @@ class TestNumerics:
         fmt = torch.channels_last if dims == 4 else torch.channels_last_3d
         assert out.is_contiguous(memory_format=fmt)
         assert torch.allclose(out.double(), reference(x, MEAN, STD), atol=1e-5)
+
+
+def old_formula(normalize: Normalize, x: torch.Tensor) -> torch.Tensor:
+    """The three-pass computation Normalize made before (convert, compute, round, reformat)."""
+    compute = torch.float64 if normalize.dtype == torch.float64 else torch.float32
+    scaled = x.dtype == torch.uint8
+    scale = [1.0 / (s * 255.0) if scaled else 1.0 / s for s in normalize.std]
+    shift = [-m / s for m, s in zip(normalize.mean, normalize.std, strict=True)]
+    coefficients = [torch.tensor(v, dtype=compute).view(-1, 1, 1) for v in (scale, shift)]
+    result = torch.addcmul(coefficients[1], x.to(compute), coefficients[0]).to(normalize.dtype)
+    if normalize.channels_last:
+        result = result.contiguous(memory_format=torch.channels_last)
+    return result
+
+
+class Ops(TorchDispatchMode):
+    """Records every aten operation that computes (allocations left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if "empty" not in str(func):
+            self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class TestOnePass:
+    """One fused pass into a preallocated result, with the old formula's values exactly."""
+
+    @pytest.mark.parametrize("source", [torch.uint8, torch.float16, torch.float32, torch.float64])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+    @pytest.mark.parametrize("channels_last", [False, True])
+    def test_equals_the_old_formula(
+        self, source: torch.dtype, dtype: torch.dtype, channels_last: bool
+    ) -> None:
+        """Bit for bit, for each input dtype, result dtype and memory format."""
+        x = images() if source == torch.uint8 else torch.rand(4, 3, 8, 8).to(source)
+        normalize = Normalize(MEAN, STD, key=None, dtype=dtype, channels_last=channels_last)
+        out, old = normalize(x), old_formula(normalize, x)
+        assert out.dtype == old.dtype and torch.equal(out, old)
+        assert out.stride() == old.stride()
+
+    def test_channels_last_input_keeps_its_layout(self) -> None:
+        """Without channels_last=True the result has the input's (dense) layout, as before."""
+        x = images().contiguous(memory_format=torch.channels_last)
+        normalize = Normalize(MEAN, STD, key=None)
+        assert normalize(x).stride() == old_formula(normalize, x).stride()
+
+    @pytest.mark.parametrize(
+        ("source", "expected"),
+        [
+            (torch.uint8, ["aten.addcmul.out"]),
+            (torch.float64, ["aten._to_copy.default", "aten.addcmul.out"]),
+        ],
+    )
+    def test_one_operation_per_batch(self, source: torch.dtype, expected: list[str]) -> None:
+        """uint8 to channels-last float16: one addcmul (a float64 input is converted first)."""
+        normalize = Normalize(MEAN, STD, key=None, dtype=torch.float16, channels_last=True)
+        x = images().to(source)
+        normalize(x)  # the coefficients, once
+        with Ops() as ops:
+            normalize(x)
+        assert ops.names == expected
+
+    def test_control_the_old_formula_makes_four(self) -> None:
+        """Control: the same count for the three-pass formula shows each pass."""
+        normalize = Normalize(MEAN, STD, key=None, dtype=torch.float16, channels_last=True)
+        x = images()
+        with Ops() as ops:
+            old_formula(normalize, x)
+        assert [n for n in ops.names if "lift" not in n and "tensor" not in n][-4:] == [
+            "aten._to_copy.default",
+            "aten.addcmul.default",
+            "aten._to_copy.default",
+            "aten.clone.default",
+        ]
+
+
+class TestCoefficientsPerStream:
+    """Coefficients are built, and read, on one stream: one set per stream."""
+
+    @pytest.mark.parametrize(("keys", "built"), [(["a", "b", "a"], 2), (["a", "a", "a"], 1)])
+    def test_one_set_per_stream(
+        self, monkeypatch: pytest.MonkeyPatch, keys: list[str], built: int
+    ) -> None:
+        """Stream a, then b, then a again: two sets, a's reused (one stream: one set)."""
+        streams = iter(keys)
+        monkeypatch.setattr(normalize_module, "_stream_key", lambda device: next(streams))
+        made: list[torch.Tensor] = []
+        filled = normalize_module._filled
+
+        def spy(values: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+            made.append(filled(values, dtype, device))
+            return made[-1]
+
+        monkeypatch.setattr(normalize_module, "_filled", spy)
+        normalize = Normalize(MEAN, STD, key=None)
+        x = images()
+        outputs = [normalize(x) for _ in keys]
+        assert len(made) == 2 * built  # scale and shift per stream
+        assert all(torch.equal(o, outputs[0]) for o in outputs)
+
+    def test_cpu_has_no_stream(self) -> None:
+        """On the CPU the key is None: one set."""
+        assert normalize_module._stream_key(torch.device("cpu")) is None
 
 
 class TestSelection:

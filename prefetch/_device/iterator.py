@@ -1,6 +1,8 @@
 """``DeviceIterator``: one epoch of a :class:`~prefetch.CudaPrefetcher`.
 
-It runs entirely on the training loop's thread. On a device with streams it
+It runs entirely on the training loop's thread: the thread that called
+``iter()``; ``next()`` from any other thread raises ``RuntimeError`` (the
+waits and fences would target that thread's current stream). On a device with streams it
 keeps ``depth`` batches in flight behind the one being handed over, each with
 the event that marks its copy done and the wrapped loader's checkpoint state
 right after it was produced; on the CPU it passes batches straight through.
@@ -27,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections import deque
@@ -78,6 +81,17 @@ class SourceRelease:
         return True
 
 
+def wrong_thread_error() -> RuntimeError:
+    """The error for a ``next()`` on another thread than the one that called ``iter()``."""
+    return RuntimeError(
+        f"CudaPrefetcher: next() was called on thread {threading.current_thread().name!r}, "
+        f"not on the thread that called iter(); an epoch must be iterated on the thread "
+        f"that started it (the training loop's), because its stream waits target the "
+        f"calling thread's current stream. If a BackgroundLoader or another thread drives "
+        f"it, stack them the other way: CudaPrefetcher(BackgroundLoader(...))"
+    )
+
+
 class DeviceIterator(EpochIterator[T]):
     """One epoch of a :class:`~prefetch.CudaPrefetcher`; created by ``iter(prefetcher)``.
 
@@ -112,6 +126,7 @@ class DeviceIterator(EpochIterator[T]):
         self._releaser = weakref.finalize(self, release_source, source, owned)
         self._releaser.atexit = False
         self._stopper = SourceRelease(self._releaser)
+        self._thread = threading.get_ident()  # the consumer's: iter() runs on it
 
     def __next__(self) -> T:
         if self._invalid is not None:
@@ -119,6 +134,8 @@ class DeviceIterator(EpochIterator[T]):
         stats = self._record.stats
         started = time.perf_counter()
         try:
+            if threading.get_ident() != self._thread:
+                raise wrong_thread_error()
             self._fill(1)
             if not self._pending:
                 if self._ended:

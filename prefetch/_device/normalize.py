@@ -3,6 +3,22 @@
 Copying images as uint8 moves a quarter of the bytes of float32; converting
 and normalising after the copy, on the prefetcher's side stream, costs the
 training step nothing.
+
+One pass over the batch: ``addcmul(shift, x, scale, out=result)`` into a
+result allocated in its final dtype and memory format. On a GPU the
+conversion from uint8 (or float16) is done as the kernel loads ``x``, and
+the rounding to a float16/bfloat16 result as it stores, in float32 in
+between: the same values as converting, computing and rounding in three
+passes, without the two extra round trips through memory (four with
+``channels_last``). Only a float64 input to a float32 computation is
+converted first (a 64-bit input to a float32 result; else the kernel would
+compute in float64).
+
+The coefficients are made on the device by fill kernels, once per device,
+dtype and *stream*: built on one stream and read on another without an
+ordering, they could be read before they are written, and their memory
+belongs to the first stream's pool. One ``Normalize`` may serve several
+prefetchers.
 """
 
 from __future__ import annotations
@@ -34,6 +50,17 @@ def _filled(values: list[float], dtype: torch.dtype, device: torch.device) -> to
     for index, value in enumerate(values):
         result[index].fill_(value)
     return result
+
+
+def _stream_key(device: torch.device) -> Any:
+    """The current stream on ``device`` as a cache key (``None`` on the CPU)."""
+    if device.type == "cpu":
+        return None
+    current = getattr(torch.get_device_module(device.type), "current_stream", None)
+    if current is None:  # a device without streams (MPS): one queue
+        return None
+    stream = current(device)
+    return getattr(stream, "stream_id", stream)
 
 
 class Normalize:
@@ -94,18 +121,19 @@ class Normalize:
         self.dtype = dtype
         self.channels_last = bool(channels_last)
         self._cache: dict[
-            tuple[torch.device, torch.dtype, bool], tuple[torch.Tensor, torch.Tensor]
+            tuple[torch.device, torch.dtype, bool, Any], tuple[torch.Tensor, torch.Tensor]
         ] = {}
 
     def _coefficients(
         self, tensor: torch.Tensor, compute: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         scaled = tensor.dtype == torch.uint8
-        cache_key = (tensor.device, compute, scaled)
+        cache_key = (tensor.device, compute, scaled, _stream_key(tensor.device))
         cached = self._cache.get(cache_key)
         if cached is None:
             # Built on the device by fill kernels (queued on the current stream, the
-            # side stream under CudaPrefetcher): no blocking copy from unpinned memory.
+            # side stream under CudaPrefetcher, and only read there): no blocking copy
+            # from unpinned memory.
             # Python floats are float64, so the values equal a float64 computation.
             scale = [1.0 / (s * 255.0) if scaled else 1.0 / s for s in self.std]
             shift = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
@@ -130,19 +158,26 @@ class Normalize:
             )
             raise ValueError(msg)
         compute = torch.float64 if self.dtype == torch.float64 else torch.float32
+        result = self._result(tensor)
         scale, shift = self._coefficients(tensor, compute)
-        result = torch.addcmul(shift, tensor.to(compute), scale).to(self.dtype)
-        if self.channels_last:
-            if result.dim() == 4:
-                result = result.contiguous(memory_format=torch.channels_last)
-            elif result.dim() == 5:
-                result = result.contiguous(memory_format=torch.channels_last_3d)
-            else:
-                msg = (
-                    f"Normalize(channels_last=True) needs a 4-D or 5-D tensor, got {result.dim()}-D"
-                )
-                raise ValueError(msg)
-        return result
+        if tensor.dtype.itemsize > compute.itemsize:
+            tensor = tensor.to(compute)  # float64 into float32: the kernel would compute in float64
+        return torch.addcmul(shift, tensor, scale, out=result)
+
+    def _result(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The uninitialised result: ``tensor``'s shape in ``dtype`` and the memory format asked."""
+        if not self.channels_last:
+            return torch.empty_like(tensor, dtype=self.dtype)  # the input's layout, if dense
+        formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+        if tensor.dim() not in formats:
+            msg = f"Normalize(channels_last=True) needs a 4-D or 5-D tensor, got {tensor.dim()}-D"
+            raise ValueError(msg)
+        return torch.empty(
+            tensor.shape,
+            dtype=self.dtype,
+            device=tensor.device,
+            memory_format=formats[tensor.dim()],
+        )
 
     def __call__(self, batch: Any) -> Any:
         """Return ``batch`` with the tensor at ``key`` normalised."""

@@ -9,12 +9,15 @@ protocol on a machine without a GPU.
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
+from prefetch._device import streams
 from prefetch._shared.structure import iter_leaves, iter_tensors, map_leaves
 
 
@@ -113,6 +116,42 @@ def has_opaque_leaves(batch: Any) -> bool:
     return any(is_opaque_leaf(leaf) for leaf in iter_leaves(batch))
 
 
+_TAKES_NON_BLOCKING: dict[type, bool] = {}
+
+
+def takes_non_blocking(value: object) -> bool:
+    """Whether ``value.to`` accepts ``non_blocking=`` (its signature, read once per type).
+
+    A ``.to()`` whose signature cannot be read (a C extension) is assumed to
+    accept it, as ``Tensor.to`` does; a TypeError from it then reaches the
+    user instead of running the move a second time.
+
+    Example:
+        >>> class Old:
+        ...     def to(self, device):
+        ...         return self
+        >>> class New:
+        ...     def to(self, device, **kwargs):
+        ...         return self
+        >>> takes_non_blocking(Old()), takes_non_blocking(New())
+        (False, True)
+    """
+    kind = type(value)
+    known = _TAKES_NON_BLOCKING.get(kind)
+    if known is None:
+        try:
+            parameters = inspect.signature(value.to).parameters.values()  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            known = True
+        else:
+            known = any(
+                p.name == "non_blocking" or p.kind is inspect.Parameter.VAR_KEYWORD
+                for p in parameters
+            )
+        _TAKES_NON_BLOCKING[kind] = known
+    return known
+
+
 class DeviceOps:
     """Every accelerator call the prefetcher makes, for one device.
 
@@ -132,7 +171,20 @@ class DeviceOps:
         )
 
     def new_stream(self) -> Any:
-        """Create a side stream on this device."""
+        """Create a side stream on this device that no other code is handed.
+
+        On CUDA it is a non-blocking stream made by the driver, outside
+        torch's round-robin pool (see :mod:`prefetch._device.streams`); where
+        that fails (ROCm, no driver library), and on other devices, the
+        device module's ``Stream``.
+        """
+        if self.device.type == "cuda" and torch.version.hip is None:
+            try:
+                handle = streams.create_cuda_stream(self.device.index or 0)
+            except streams.DriverError as error:
+                _warn_pool_stream(error)
+            else:
+                return torch.cuda.ExternalStream(handle, device=self.device)  # type: ignore[no-untyped-call]
         return self.module.Stream(device=self.device)
 
     def current_stream(self) -> Any:
@@ -159,11 +211,9 @@ class DeviceOps:
             if isinstance(value, torch.Tensor):
                 return value.to(device, non_blocking=non_blocking)
             if is_opaque_leaf(value):
-                move = value.to
-                try:
-                    return move(device, non_blocking=non_blocking)
-                except TypeError:
-                    return move(device)
+                if takes_non_blocking(value):
+                    return value.to(device, non_blocking=non_blocking)
+                return value.to(device)
             return value
 
         return map_leaves(leaf, batch)
@@ -173,6 +223,22 @@ class DeviceOps:
         for tensor in iter_tensors(batch):
             if tensor.device == self.device:
                 yield tensor
+
+
+_warned_pool_stream = False
+
+
+def _warn_pool_stream(error: Exception) -> None:
+    global _warned_pool_stream  # once per process
+    if _warned_pool_stream:
+        return
+    _warned_pool_stream = True
+    warnings.warn(
+        f"CudaPrefetcher: could not create a side stream of its own ({error}); it uses one of "
+        f"torch's pool streams, which other code may be handed too",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def make_device_ops(device: torch.device) -> DeviceOps:

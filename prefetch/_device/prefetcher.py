@@ -11,7 +11,7 @@ through, with ``transform`` applied.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 
@@ -57,9 +57,19 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         lifetime: ``"fence"`` (the side stream waits for your stream before
             each copy) or ``"record_stream"`` (each tensor leaf is recorded on
             your stream). Both stop the allocator from recycling memory your
-            kernels still read. ``record_stream`` cannot see the tensors
-            inside an object with ``.to()``: from the first batch holding
-            one, the prefetcher fences instead.
+            kernels still read. ``fence`` keeps ``depth + 2`` batches on the
+            device. With ``record_stream`` freed memory returns only once the
+            GPU has passed the free, so the prefetcher keeps the CPU at most
+            ``depth + 1`` batches ahead of the GPU (it waits for the GPU
+            before the next copy when it gets further): up to
+            ``2 * depth + 3`` batches on the device. ``record_stream`` cannot
+            see the tensors inside an object with ``.to()``: from the first
+            batch holding one, the prefetcher fences as well.
+
+    Iterate it on your training loop's thread (the one that called
+    ``iter()``; another thread's ``next()`` raises), and use each batch on
+    the stream that was current at its ``next()``. See the guide's
+    "Contracts of CudaPrefetcher" for what else gives a wrong result.
 
     Example:
         >>> batches = [{"x": torch.ones(2), "id": i} for i in range(3)]
@@ -69,6 +79,8 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         >>> len(prefetcher), prefetcher.device
         (3, device(type='cpu'))
     """
+
+    _runs_on_consumer_thread: ClassVar[bool] = True  # BackgroundLoader refuses to wrap it
 
     def __init__(
         self,
@@ -98,7 +110,11 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         else:
             advice = "wrap the loader as BackgroundLoader(loader, pin_memory=True)"
         self._copier = StreamCopier(
-            self._device, transform=transform, lifetime=lifetime, unpinned_advice=advice
+            self._device,
+            transform=transform,
+            lifetime=lifetime,
+            unpinned_advice=advice,
+            depth=self._depth,
         )
         if self._device.type != "cpu" and isinstance(loader, LoaderWrapper):
             loader._copied_to(self._device)  # its thread pins for this device, not the caller's

@@ -21,6 +21,25 @@ def accelerator_available() -> bool:
     return bool(torch.accelerator.is_available())
 
 
+def accelerator_type() -> str | None:
+    """Return the type of torch's current accelerator (``"cuda"``, ``"mps"``, ...), or ``None``."""
+    if not accelerator_available():
+        return None
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator.type if accelerator is not None else None
+
+
+def pinning_unsupported() -> str | None:
+    """Return why pinning cannot be used on this machine's accelerator, or ``None`` if it can.
+
+    Pinned memory raises on Apple MPS; torch's ``DataLoader`` turns
+    ``pin_memory`` off there, with a warning, and so does ``BackgroundLoader``.
+    """
+    if accelerator_type() == "mps":
+        return "pinned memory is not supported on Apple MPS (torch's DataLoader turns it off too)"
+    return None
+
+
 def current_device_index() -> int | None:
     """Return the caller's current accelerator index, or ``None`` without one."""
     if not accelerator_available():
@@ -34,14 +53,43 @@ def select_device(index: int | None) -> None:
         torch.accelerator.set_device_index(index)
 
 
+def is_dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` covers its memory without gaps or overlaps, in some order of dimensions.
+
+    Such a tensor (contiguous, channels-last, any permutation) is copied to
+    the device as one block; another (a slice with gaps, an expanded view)
+    is first gathered into a pageable temporary by ``Tensor.to``.
+
+    Example:
+        >>> x = torch.zeros(4, 6)
+        >>> is_dense(x), is_dense(x.t()), is_dense(x[:, ::2]), is_dense(torch.zeros(3).expand(2, 3))
+        (True, True, False, False)
+    """
+    if tensor.numel() <= 1 or tensor.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted(
+        (s, n) for s, n in zip(tensor.stride(), tensor.shape, strict=True) if n != 1
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _pin_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.device.type != "cpu" or tensor.is_pinned():
+    if tensor.device.type != "cpu":
         return tensor
-    return tensor.pin_memory()
+    if not is_dense(tensor):  # pin a dense copy: Tensor.to would gather it into pageable memory
+        return tensor.contiguous().pin_memory()
+    return tensor if tensor.is_pinned() else tensor.pin_memory()
 
 
 def pin_batch(batch: Any) -> Any:
-    """Return ``batch`` with every CPU tensor leaf in pinned memory.
+    """Return ``batch`` with every CPU tensor leaf in pinned, dense memory.
+
+    A leaf that is not dense (see :func:`is_dense`) is pinned as a dense
+    copy, pinned or not before.
 
     Leaves that are not tensors but have a ``pin_memory()`` method (custom
     batch classes, as DataLoader supports) are pinned through it; other

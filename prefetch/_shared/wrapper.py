@@ -17,7 +17,10 @@ each item it hands over (:class:`~prefetch._shared.epoch.EpochRecord`).
 Hooks the base declares and a subclass overrides (the only methods one
 wrapper calls on another): :meth:`LoaderWrapper._open_epoch`,
 :meth:`LoaderWrapper._start_state` (the checkpointing twin's) and
-:meth:`LoaderWrapper._copied_to`.
+:meth:`LoaderWrapper._copied_to`; and one class attribute a subclass sets,
+:attr:`LoaderWrapper._runs_on_consumer_thread`, which a wrapper that runs a
+thread of its own reads (:mod:`prefetch._shared.stacking`) to refuse being
+stacked on such a wrapper.
 
 Invariant: a wrapper has ``state_dict``/``load_state_dict`` exactly when the
 loader it wraps can checkpoint; :mod:`prefetch._shared.checkpointing` (this
@@ -30,7 +33,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs
@@ -133,6 +136,8 @@ class LoaderWrapper:
     ``sampler``, ``batch_size``, ...) are read from the wrapped loader.
     """
 
+    _runs_on_consumer_thread: ClassVar[bool] = False
+    """Declared: epochs must run on the thread that called ``iter()`` (CudaPrefetcher's do)."""
     _stateful = False  # set by prefetch._shared.checkpointing.adopt_state
     _state_problem: str | None = None  # why the wrapped loader cannot checkpoint
 

@@ -31,8 +31,10 @@ from prefetch._shared.pinning import (
     accelerator_available,
     current_device_index,
     pin_batch,
+    pinning_unsupported,
     select_device,
 )
+from prefetch._shared.stacking import consumer_thread_wrapper
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, QUICK_MAX_DEPTH, DepthPolicy
 from prefetch._threads.engine import Engine
@@ -143,6 +145,16 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         fetch_threads: int | Literal["auto"] | None = None,
     ) -> None:
         check_iterable(loader, "BackgroundLoader")
+        inner = consumer_thread_wrapper(loader)
+        if inner is not None:
+            name = type(inner).__name__
+            msg = (
+                f"BackgroundLoader({name}(...)) is the wrong order: a {name} must run on "
+                f"the training loop's thread (its stream waits target that thread's current "
+                f"stream), not in a background thread; stack them the other way: "
+                f"{name}(BackgroundLoader(...))"
+            )
+            raise TypeError(msg)
         fixed = check_loader_depth(depth, max_depth, "BackgroundLoader")
         self._max_bytes = check_optional_count(max_bytes, "max_bytes", "BackgroundLoader")
         self._budget_set = max_bytes is not None  # the user's budget holds from the first item
@@ -166,6 +178,10 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
                 UserWarning,
                 stacklevel=2,
             )
+            pin_memory = False
+        elif pin_memory and (unsupported := pinning_unsupported()) is not None:
+            message = f"BackgroundLoader(pin_memory=True): {unsupported}; batches pass unpinned"
+            warnings.warn(message, UserWarning, stacklevel=2)
             pin_memory = False
         self._fetch_threads = check_fetch_threads(fetch_threads, "BackgroundLoader")
         if fetch_threads is not None:

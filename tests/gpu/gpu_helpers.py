@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ import torch
 
 from prefetch import CudaPrefetcher
 from prefetch._device.copier import StreamCopier
+from prefetch._device.host import HostCheck
 
 BASE = 1000.0
 POISON = -7.0e6
@@ -109,6 +110,28 @@ def disable(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     """Switch off StreamCopier protections (the sabotage the controls need)."""
     for name in names:
         monkeypatch.setattr(StreamCopier, name, lambda self, *args: None)
+
+
+def check_first_batch_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the pageable-copy check look at the first batch only (the old check: a sabotage)."""
+    check = HostCheck.check
+
+    def first_only(self: HostCheck, host: Any) -> None:
+        if self._batches == 0:
+            check(self, host)
+        self._batches += 1
+
+    monkeypatch.setattr(HostCheck, "check", first_only)
+
+
+class Opaque:
+    """A wrapper that hides what it wraps: only the thread check sees the order."""
+
+    def __init__(self, loader: Any) -> None:
+        self._inner = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._inner)
 
 
 class Packed:
