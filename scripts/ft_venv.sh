@@ -44,14 +44,15 @@ rm -rf "$VENV_FT"
 "$py_ft" -m venv "$VENV_FT"
 pip=("$VENV_FT/bin/python" -m pip)
 "${pip[@]}" install --quiet --upgrade pip
-constraints="$VENV_FT/constraints.txt"
-echo "$TORCH_FT" | sed 's/^torch\s*[=<>~!]*/torch==/;s/===*/==/' >"$constraints"
 say "installing $TORCH_FT (a large download from PyPI: CUDA build)"
 "${pip[@]}" install --quiet --prefer-binary "$TORCH_FT"
+# Every later install keeps the torch just installed (an extra must not swap it).
+constraints="$VENV_FT/constraints.txt"
+"$VENV_FT/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' \
+    >"$constraints"
 say "installing the project and the test extras that have cp313t wheels"
 "${pip[@]}" install --quiet --prefer-binary -c "$constraints" "${REQUIRED[@]}"
-"${pip[@]}" install --quiet --no-deps --no-build-isolation -e . 2>/dev/null ||
-    "${pip[@]}" install --quiet --no-deps -e .
+"${pip[@]}" install --quiet --no-deps -e .
 skipped=()
 for spec in "${OPTIONAL[@]}"; do
     if "${pip[@]}" install --quiet --only-binary :all: --no-binary pyyaml -c "$constraints" "$spec" >/dev/null 2>&1; then
