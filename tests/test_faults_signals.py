@@ -223,7 +223,12 @@ def drive_sigint(kind: str, rounds: int) -> str:
         # no-process-left check below.
         rc, err, _ = finish(proc, timeout=10)
     except AssertionError as failure:
-        raise AssertionError(f"{failure}\n{kind} stderr:\n{dump_and_kill(proc)}") from None
+        # Whether the script was still running says which failure this is: a dead one
+        # (a return code) lost every later SIGINT; a live one dumps its threads' stacks.
+        state = "running" if proc.poll() is None else f"exited with {proc.returncode}"
+        raise AssertionError(
+            f"{failure}\n{kind} ({state}) stderr:\n{dump_and_kill(proc)}"
+        ) from None
     finally:
         if proc.poll() is None:
             kill_session(proc.pid)
