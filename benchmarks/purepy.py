@@ -4,8 +4,10 @@ Every item is parsed from a text record in Python alone, about 2 ms of CPU
 on CPython 3.11 and no I/O (:mod:`benchmarks.records`): the case where threads
 cannot help on an interpreter with a GIL and worker processes are the usual
 answer. The same epoch runs as ``DataLoader(num_workers=0)`` (plain), as
-``DataLoader(num_workers=2)`` and as ``BackgroundLoader(DataLoader(...),
-fetch_threads=N)`` for N 1, 2 and ``"auto"``, on this interpreter and, when
+``DataLoader(num_workers=2)``, as ``BackgroundLoader(DataLoader(...),
+fetch_threads=N)`` for N 1, 2 and ``"auto"``, and, as a reference for how
+far the work scales in threads at all, as torchdata's
+``ParallelMapper(method="thread")`` with 2 threads, on this interpreter and, when
 there is one, on a free-threaded CPython with ``PYTHON_GIL=0``: ``PYTHON_FT``
 (an interpreter with torch installed) or else the ``.venv-ft`` that
 ``make test-ft`` makes. Each run is a fresh process whose summed PSS, with its
@@ -37,13 +39,23 @@ from benchmarks.common import (
     median_ratio,
     values_of,
 )
+from benchmarks.jpeg_variants import available
 from benchmarks.memory import INTERVAL, ROOT, run_child
 from benchmarks.records import WORDS
 
 __all__ = ["BATCH", "Interpreter", "free_threaded", "run"]
 
 BATCH = 32
-FULL = (("dataloader", 0), ("dataloader", 2), ("threads", 1), ("threads", 2), ("threads", "auto"))
+FULL = (
+    ("dataloader", 0),
+    ("dataloader", 2),
+    ("threads", 1),
+    ("threads", 2),
+    ("threads", "auto"),
+    ("parallel_mapper", 2),
+)
+"""Every variant of a full run; torchdata's ParallelMapper (threads, not prefetch's) shows how
+far the work itself scales in threads on each interpreter."""
 QUICK = (("dataloader", 0), ("dataloader", 2), ("threads", 2))
 PROBE = (
     "import json, platform, sys, sysconfig, torch; print(json.dumps({'version': "
@@ -101,6 +113,8 @@ def _interpreters() -> tuple[list[Interpreter], str]:
 def _name(interpreter: Interpreter, method: str, level: int | str) -> str:
     if method == "dataloader":
         return f"{interpreter.label} DataLoader num_workers={level}"
+    if method == "parallel_mapper":
+        return f"{interpreter.label} ParallelMapper(thread) x{level}"
     return f"{interpreter.label} fetch_threads={level}"
 
 
@@ -166,7 +180,7 @@ def run(config: Config) -> WorkloadResult:
     """Run every variant on each interpreter, interleaved, and report; see the module docstring."""
     records = config.size(2048, 64)
     interpreters, why = _interpreters()
-    plan = QUICK if config.quick else FULL
+    plan = [v for v in (QUICK if config.quick else FULL) if not available(v[0])]
     runners: dict[str, Callable[[], Measure]] = {}
     for interpreter in interpreters:
         for method, level in plan:
@@ -185,7 +199,9 @@ def run(config: Config) -> WorkloadResult:
             "character trigrams hashed in Python into 256 counts; about 2 ms of CPU on 3.11, no "
             f"I/O); batches of {BATCH}; no training step. One epoch per run, in a fresh process "
             "(free-threaded ones with PYTHON_GIL=0), timed from building the loader to the last "
-            "batch. 'vs plain' and 'vs w=2': median over repeats of this throughput / "
+            "batch. ParallelMapper(thread): torchdata's thread pool over the same batches, "
+            "a reference for how far the work itself scales in threads. 'vs plain' and "
+            "'vs w=2': median over repeats of this throughput / "
             "DataLoader(num_workers=0 or 2)'s on the same interpreter; 'PSS vs w=2' the same for "
             "peak PSS, summed over the process and its workers, sampled every "
             f"{INTERVAL * 1e3:.0f} ms."
