@@ -34,4 +34,8 @@ for run in $(seq 1 "$RUNS"); do
     fi
 done
 echo "stress-ft: $((RUNS - failed_runs)) of $RUNS runs passed (logs in $OUT)" | tee -a "$summary"
+if [ "$failed_runs" -gt 0 ]; then  # runs in which each failing test failed, by file
+    grep -h -E '^(FAILED|ERROR) ' "$OUT"/run-*.log | cut -d' ' -f2 | sed 's/ - .*//' | sort | uniq -c |
+        sed 's/^/    failed in runs: /' | tee -a "$summary"
+fi
 [ "$failed_runs" -eq 0 ]
