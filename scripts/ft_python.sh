@@ -52,7 +52,7 @@ say "no python3.13t found (PYTHON_FT unset, none on the PATH, none in $CACHE): b
 python_build=""
 for candidate in "$(command -v python-build || true)" \
     "${PYENV_ROOT:-$HOME/.pyenv}/plugins/python-build/bin/python-build" \
-    /root/.pyenv/plugins/python-build/bin/python-build; do
+    "$HOME/.pyenv/plugins/python-build/bin/python-build"; do
     if [ -n "$candidate" ] && [ -x "$candidate" ]; then
         python_build="$candidate"
         break
