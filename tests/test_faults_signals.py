@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
+from .gil import FREE_THREADED, gil_enabled
 from .processes import child_pids, live_child_pids, session_members, wait_until
 from .subprocesses import LineReader, kill_session, start_script
 
@@ -121,6 +122,15 @@ for round in range(ROUNDS):
 train_forever()
 """
 
+
+TORCH_WORKER_PIDS_RACE = FREE_THREADED and not gil_enabled()
+TORCH_WORKER_PIDS_REASON = (
+    "free-threaded, torch 2.12: BackgroundLoader(DataLoader(num_workers=2)) can die of SIGSEGV "
+    "at an epoch's end: torch's worker-pid map (torch/csrc/DataLoader.cpp) has no lock, and the "
+    "prefetch thread removes pids (_remove_worker_pids, shutting the workers down) while the "
+    "main thread's SIGCHLD handler walks it (_error_if_any_worker_fails); see docs/development.rst"
+)
+"""A crash in torch, not prefetch, that only free-threaded runs can hit; pending a fix."""
 
 SIGINT_ATTEMPTS = 6
 """SIGINTs sent, 5 s apart, until one is not lost: the dl2 loop forks workers so often
@@ -277,7 +287,17 @@ class TestCtrlC:
         # process outlives its script.
         rounds = 4
         kinds = ["list", "dl0", "dl2", "stacked"]
+        if TORCH_WORKER_PIDS_RACE:  # dl2 runs in the xfail test below
+            kinds.remove("dl2")
         run_concurrently({kind: functools.partial(drive_sigint, kind, rounds) for kind in kinds})
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(150)
+    @pytest.mark.skipif(not TORCH_WORKER_PIDS_RACE, reason="dl2 runs in the test above")
+    @pytest.mark.xfail(reason=TORCH_WORKER_PIDS_REASON, strict=False)
+    def test_sigint_at_random_moments_with_worker_processes(self) -> None:
+        """The dl2 loop of the test above, alone: free-threaded, torch can crash it (SIGSEGV)."""
+        run_concurrently({"dl2": functools.partial(drive_sigint, "dl2", 4)})
 
 
 EXIT_SCRIPTS = {
