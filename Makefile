@@ -1,5 +1,6 @@
 # prefetch: the two commands a newcomer needs are `make demo` and `make test`.
-# CI (.ci/run) runs `make test`: every test. `make test-fast` is the quick edit loop.
+# CI (.ci/run) runs `make test`: every test, then `make test-ft`: every test on free-threaded
+# Python 3.13t with the GIL off. `make test-fast` is the quick edit loop.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TORCH ?= torch==2.13.0
 # Where pip looks for torch, e.g. https://download.pytorch.org/whl/cpu for the CPU build
@@ -17,7 +18,7 @@ GPU_OUT ?= docs/benchmarks/gpu
 MUTATION_JOBS ?= 2
 MUTATION_FLOOR ?= 0
 
-.PHONY: help demo test test-fast test-gpu gpu-check stress mutation docs doctest lint typecheck bench bench-docs dist clean
+.PHONY: help demo test test-ft stress-ft test-fast test-gpu gpu-check stress mutation docs doctest lint typecheck bench bench-docs dist clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -34,6 +35,12 @@ demo: $(STAMP)  ## run the built-in demonstration (plain vs prefetched training 
 
 test: $(STAMP)  ## run the whole test suite (GPU tests skip without CUDA)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-ft:  ## the whole suite on free-threaded Python 3.13t, GIL off (builds the interpreter once, makes .venv-ft)
+	PYTEST_ARGS='$(PYTEST_ARGS)' bash scripts/test_ft.sh
+
+stress-ft:  ## the concurrency tests 30 times in a row on 3.13t, GIL off (RUNS=N); logs in runs/stress-ft/
+	PYTEST_ARGS='$(PYTEST_ARGS)' bash scripts/stress_ft.sh
 
 test-fast: $(STAMP)  ## the quick loop: every test not marked slow (subprocesses, Ctrl-C, DDP, soak, bench smoke)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -77,4 +84,4 @@ dist: $(STAMP)  ## build the sdist and the wheel into dist/ (the wheel holds onl
 	$(PY) -m build --outdir dist .
 
 clean:  ## remove the virtual environment and build outputs
-	rm -rf $(VENV) .venv-gpu docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-gpu .venv-ft docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -18,7 +18,10 @@ Workloads:
   latency): DataLoader worker processes against ``fetch_threads``,
   torchdata's ``ParallelMapper`` and SPDL, with summed PSS per variant;
 * ``cow`` - copy-on-write growth of worker processes over a dataset holding
-  a million file names, next to threads.
+  a million file names, next to threads;
+* ``purepy`` - pure-Python loading (parsing text records, ~2 ms per sample):
+  ``fetch_threads`` against worker processes, on this interpreter and on a
+  free-threaded CPython (``.venv-ft`` or ``PYTHON_FT``) when there is one.
 
 Every configuration runs several times, interleaved, and the reports give
 medians and medians of per-repeat ratios. Results go to ``runs/bench/`` (ignored
@@ -34,5 +37,15 @@ from __future__ import annotations
 
 __all__ = ["WORKLOADS"]
 
-WORKLOADS = ("handoff", "jittery", "bursty", "pipeline", "gpu", "control", "jpeg", "cow")
+WORKLOADS = (
+    "handoff",
+    "jittery",
+    "bursty",
+    "pipeline",
+    "gpu",
+    "control",
+    "jpeg",
+    "cow",
+    "purepy",
+)
 """Workload names, in the order they run."""

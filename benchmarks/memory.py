@@ -131,8 +131,16 @@ class PssSampler:
         self.cpu_seconds = time.thread_time() - started
 
 
-def run_child(spec: dict[str, Any], timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
+def run_child(
+    spec: dict[str, Any],
+    timeout: float = CHILD_TIMEOUT,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run ``python -m benchmarks.parallel_child SPEC`` and return its report plus peak PSS.
+
+    ``python`` is the interpreter (default: this one), ``env`` variables added
+    to this process's environment for the child.
 
     The report is the JSON object on the child's last line of output; this
     adds ``peak_pss_mib`` (summed over the child and its descendants),
@@ -144,10 +152,11 @@ def run_child(spec: dict[str, Any], timeout: float = CHILD_TIMEOUT) -> dict[str,
     Raises:
         RuntimeError: The child failed; the message holds its output.
     """
-    command = [sys.executable, "-m", "benchmarks.parallel_child", json.dumps(spec)]
+    command = [python or sys.executable, "-m", "benchmarks.parallel_child", json.dumps(spec)]
+    environ = {**os.environ, **env} if env else None
     started = time.perf_counter()
     with subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as child:
         sampler = PssSampler(child.pid)
         sampler.start()

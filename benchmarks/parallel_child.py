@@ -6,11 +6,13 @@ delivered and how long it took. :func:`benchmarks.memory.run_child` starts
 it and samples its memory (and its worker processes') from outside, so each
 variant's memory is its own.
 
-SPEC keys: ``workload`` (``"jpeg"`` or ``"cow"``), ``method``
+SPEC keys: ``workload`` (``"jpeg"``, ``"cow"`` or ``"purepy"``), ``method``
 (:data:`METHODS`), ``concurrency`` (an int, or ``"auto"`` for
 ``fetch_threads``), ``batch_size``; for ``jpeg``: ``folder``, ``count``,
 ``latency`` (seconds per read); for ``cow``: ``names`` (list length) and
-``items`` (how many of them one epoch reads, in a seeded random order).
+``items`` (how many of them one epoch reads, in a seeded random order); for
+``purepy``: ``records`` and ``words`` (:class:`benchmarks.records.Records`).
+The report says whether the GIL was on at the end (``gil_enabled``, 1 or 0).
 
 The epoch clock starts before the loader is built, so the start-up of
 worker processes, threads and pipelines counts; time to first batch is
@@ -34,6 +36,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 
 from benchmarks.jpeg_files import JpegFolder, NameList
 from benchmarks.memory import pss_kib
+from benchmarks.records import Records
 
 LEARNED = "auto, 2nd epoch"
 """``fetch_threads="auto"`` timed on its second epoch, after one untimed epoch has tuned it."""
@@ -131,6 +134,8 @@ def run_epoch(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["workload"] == "jpeg":
         paths = sorted(Path(spec["folder"]).glob("*.jpg"))[: int(spec["count"])]
         dataset = JpegFolder(paths, latency=float(spec["latency"]))
+    elif spec["workload"] == "purepy":
+        dataset = Records(int(spec["records"]), words=int(spec["words"]))
     else:
         dataset = NameList(int(spec["names"]))
     if spec["method"] in MODULES:  # an unknown method: build() says what is expected
@@ -169,6 +174,7 @@ def run_epoch(spec: dict[str, Any]) -> dict[str, Any]:
         "items_per_second": items / seconds,
         "checksum": checksum,
         "start_pss_mib": start_kib / 1024 if start_kib is not None else float("nan"),
+        "gil_enabled": int(getattr(sys, "_is_gil_enabled", lambda: True)()),
     }
     stats = getattr(loader, "stats", None)
     if spec["method"] == "threads" and stats is not None:

@@ -1,4 +1,7 @@
-"""Shared fixtures: every test must leave no ``prefetch-`` thread behind."""
+"""Shared fixtures: every test must leave no ``prefetch-`` thread behind.
+
+On a free-threaded Python the GIL must stay off while the tests run (``gil.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from .gil import (  # noqa: F401  (hooks and a fixture, found by name)
+    pytest_sessionfinish,
+    pytest_sessionstart,
+    pytest_terminal_summary,
+    the_gil_stays_off,
+)
 from .processes import prefetch_threads
 
 LEAK_GRACE_SECONDS = 3.0

@@ -86,6 +86,9 @@ class WithGetItems(Values):
 class Gated(Dataset[torch.Tensor]):
     """Every read after the first ``free`` waits for ``gate`` (an Event).
 
+    ``free`` counts reads in the order they start, which with several threads
+    need not be index order; to free given indices, use ``only``.
+
     With ``only``, just the reads of those indices wait. ``started`` counts
     reads begun, ``finished`` reads that returned.
 

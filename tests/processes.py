@@ -107,8 +107,21 @@ def wait_until(
 
 
 def settle(timeout: float = 10.0) -> tuple[list[str], list[int]]:
-    """Wait for prefetch threads and child processes to end; return those still alive."""
+    """Wait for prefetch threads and child processes to end; return those still alive.
+
+    A child counts as ended once multiprocessing can reap it too: a DataLoader
+    worker whose main thread has exited shows as a zombie while its other
+    threads are still exiting (seconds, for a process that mapped torch's
+    CUDA build), and until then ``multiprocessing.active_children()`` lists it.
+    """
     multiprocessing.active_children()  # reaps finished multiprocessing children
-    wait_until(lambda: not prefetch_threads() and not live_child_pids(), timeout)
+    wait_until(
+        lambda: (
+            not prefetch_threads()
+            and not live_child_pids()
+            and not multiprocessing.active_children()
+        ),
+        timeout,
+    )
     multiprocessing.active_children()
     return [t.name for t in prefetch_threads()], live_child_pids()

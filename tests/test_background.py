@@ -23,6 +23,8 @@ from .processes import prefetch_threads, wait_until
 from .sources import Stateful
 
 pytestmark = pytest.mark.timeout(30)
+TORCH_2_12_PROFILER_WARNING = "ignore:.*Profiler clears events at the end of each cycle:UserWarning"
+"""A warning of torch 2.12's profiler that torch 2.13 no longer gives (see the profiler tests)."""
 
 
 class Recorder:
@@ -598,6 +600,13 @@ class TestStats:
             time.sleep(0.01)
         assert loader.stats.wait_fraction < 0.5
 
+    # torch 2.12 (the newest torch for free-threaded 3.13t, make test-ft) warns "Profiler
+    # clears events at the end of each cycle" on every profile's first start without
+    # acc_events: its prepare_trace creates the profiler, then tests `profiler is not None`.
+    # torch 2.13 tests before creating it, so it warns only when a profile restarts. Once per
+    # process (warn-once): the first profiler test that runs fails under filterwarnings=error,
+    # with or without the GIL. Nothing of prefetch's is involved.
+    @pytest.mark.filterwarnings(TORCH_2_12_PROFILER_WARNING)
     def test_fetch_is_a_profiler_range(self) -> None:
         """Each fetch is a 'prefetch.fetch' range when the profiler traces all threads."""
         from torch._C._profiler import _ExperimentalConfig
@@ -609,6 +618,7 @@ class TestStats:
         names = [event.name for event in prof.events()]
         assert names.count("prefetch.fetch") >= 3
 
+    @pytest.mark.filterwarnings(TORCH_2_12_PROFILER_WARNING)  # as above
     def test_wait_is_a_profiler_range_on_the_loop_thread(self) -> None:
         """A stall shows as 'prefetch.wait' on the training loop's own thread."""
         from torch.profiler import ProfilerActivity, profile

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
+from .gil import FREE_THREADED, gil_enabled
 from .processes import child_pids, live_child_pids, session_members, wait_until
 from .subprocesses import LineReader, kill_session, start_script
 
@@ -122,6 +123,15 @@ train_forever()
 """
 
 
+TORCH_WORKER_PIDS_RACE = FREE_THREADED and not gil_enabled()
+TORCH_WORKER_PIDS_REASON = (
+    "free-threaded, torch 2.12: BackgroundLoader(DataLoader(num_workers=2)) can die of SIGSEGV "
+    "at an epoch's end: torch's worker-pid map (torch/csrc/DataLoader.cpp) has no lock, and the "
+    "prefetch thread removes pids (_remove_worker_pids, shutting the workers down) while the "
+    "main thread's SIGCHLD handler walks it (_error_if_any_worker_fails); see docs/development.rst"
+)
+"""A crash in torch, not prefetch, that only free-threaded runs can hit; pending a fix."""
+
 SIGINT_ATTEMPTS = 6
 """SIGINTs sent, 5 s apart, until one is not lost: the dl2 loop forks workers so often
 that three in a row can land in os.fork()'s at-fork hooks, which drop them."""
@@ -223,7 +233,12 @@ def drive_sigint(kind: str, rounds: int) -> str:
         # no-process-left check below.
         rc, err, _ = finish(proc, timeout=10)
     except AssertionError as failure:
-        raise AssertionError(f"{failure}\n{kind} stderr:\n{dump_and_kill(proc)}") from None
+        # Whether the script was still running says which failure this is: a dead one
+        # (a return code) lost every later SIGINT; a live one dumps its threads' stacks.
+        state = "running" if proc.poll() is None else f"exited with {proc.returncode}"
+        raise AssertionError(
+            f"{failure}\n{kind} ({state}) stderr:\n{dump_and_kill(proc)}"
+        ) from None
     finally:
         if proc.poll() is None:
             kill_session(proc.pid)
@@ -272,7 +287,17 @@ class TestCtrlC:
         # process outlives its script.
         rounds = 4
         kinds = ["list", "dl0", "dl2", "stacked"]
+        if TORCH_WORKER_PIDS_RACE:  # dl2 runs in the xfail test below
+            kinds.remove("dl2")
         run_concurrently({kind: functools.partial(drive_sigint, kind, rounds) for kind in kinds})
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(150)
+    @pytest.mark.skipif(not TORCH_WORKER_PIDS_RACE, reason="dl2 runs in the test above")
+    @pytest.mark.xfail(reason=TORCH_WORKER_PIDS_REASON, strict=False)
+    def test_sigint_at_random_moments_with_worker_processes(self) -> None:
+        """The dl2 loop of the test above, alone: free-threaded, torch can crash it (SIGSEGV)."""
+        run_concurrently({"dl2": functools.partial(drive_sigint, "dl2", 4)})
 
 
 EXIT_SCRIPTS = {
