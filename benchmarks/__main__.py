@@ -71,7 +71,7 @@ WORKLOAD_EXTRAS: dict[str, tuple[str, ...]] = {
     "control": ("prefetch_generator", *PLOTS),
     "jpeg": ("numpy", "pillow", *PLOTS),  # writes and decodes the JPEG files
     "cow": ("numpy", "pillow", *PLOTS),  # its child processes import the jpeg dataset
-    "purepy": PLOTS,  # torch only (torchdata's ParallelMapper is optional, as in jpeg)
+    "purepy": ("numpy", "pillow", *PLOTS),  # it imports the jpeg workload's variants
 }
 """The distributions of :data:`BENCH_EXTRA` each workload needs; a run checks only those of the
 workloads it runs (``--workloads gpu`` runs where ``prefetch_generator`` is not installed)."""
