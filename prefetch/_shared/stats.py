@@ -270,4 +270,3 @@ class LoaderStats:
             f"{self.fetch_threads} fetch thread{'' if self.fetch_threads == 1 else 's'} busy "
             f"{reading + collate:.0%} of the time (reading {reading:.0%}, collate_fn {collate:.0%})"
         )
-
