@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from prefetch._shared.arguments import check_iterable
-from prefetch._shared.epoch import EpochRecord
+from prefetch._shared.epoch import EpochRecord, start_epoch
 from prefetch._threads.engine import Engine
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.policy import DEPTH, Fixed
@@ -120,8 +120,9 @@ class BackgroundGenerator(BackgroundIterator[T]):
         tasks = IteratorTasks(iter(generator), owned)
         producer = ProducerSpec(prepare=preprocess_func)
         engine = Engine(tasks, producer, record, depth=depth, threads=1, max_bytes=None)
-        super().__init__(engine, record, depth=Fixed(DEPTH, depth))
-        (self._thread,) = engine.threads  # started: the generator's one thread
+        super().__init__(depth=Fixed(DEPTH, depth))
+        start_epoch(self, record, engine)  # at once: prefetch_generator starts its thread here
+        (self._thread,) = engine.threads
 
     def next(self) -> T:
         """Return the next item (Python 2 style alias kept for drop-in use)."""

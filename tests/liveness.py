@@ -36,9 +36,20 @@ def producer_frame(thread: threading.Thread) -> str:
 
 
 def engine_of(iterator: Any) -> Engine:
-    """The engine of a ``BackgroundIterator`` (the one place tests reach for it)."""
+    """The engine of a ``BackgroundIterator`` (the one place tests reach for it).
+
+    An idle iterator (no ``next()`` yet) is started first, as its first
+    ``next()`` would, without taking an item.
+    """
+    begin(iterator)
     engine: Engine = iterator._engine
     return engine
+
+
+def begin(iterator: Any) -> Any:
+    """Start an idle epoch iterator as its first ``next()`` would, without taking an item."""
+    iterator._start()
+    return iterator
 
 
 def threads_blocked(engine: Engine) -> bool:

@@ -115,6 +115,7 @@ class TestLifecycle:
     def test_thread_is_a_daemon(self) -> None:
         """The producer thread is a daemon, so it never holds the interpreter open."""
         it = iter(BackgroundLoader(range(10)))
+        next(it)  # the epoch starts at its first next()
         (thread,) = prefetch_threads()
         assert thread.daemon
         it.close()
@@ -134,8 +135,9 @@ class TestLifecycle:
         del first
         gc.collect()
         second = iter(loader)
+        start = next(second)  # starting the new epoch joins the old thread
         assert not old_thread.is_alive()
-        assert list(second) == list(range(100))
+        assert [start, *second] == list(range(100))
 
     def test_open_iterators_stand_on_their_own(self) -> None:
         """A new iter() leaves an open iterator of a re-iterable loader running."""
@@ -244,15 +246,18 @@ class TestErrors:
             next(it)
 
     def test_iter_error_raises_on_the_caller(self) -> None:
-        """An error in iter(source) is raised by iter(), with no thread started."""
+        """An error in iter(source) is raised by the first next(), on the caller, with no thread."""
 
         class BadIter:
             def __iter__(self) -> Iterator[int]:
                 raise Boom("iter")
 
+        it = iter(BackgroundLoader(BadIter()))
         with pytest.raises(Boom):
-            iter(BackgroundLoader(BadIter()))
+            next(it)
         assert prefetch_threads() == []
+        with pytest.raises(StopIteration):
+            next(it)
 
     def test_worker_error_does_not_keep_workers_alive(self) -> None:
         """After a worker error leaves the loop, the workers end while the error is held."""

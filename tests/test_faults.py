@@ -119,7 +119,7 @@ class TestSourceRaisesInProtocol:
     @pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
     @pytest.mark.parametrize("kind", ["ValueError", "KeyboardInterrupt", "CustomBaseError"])
     def test_iter_raises(self, wrapper: str, kind: str) -> None:
-        """An error in the source's __iter__ is raised by iter() itself; no thread starts."""
+        """An error in the source's __iter__ is raised by the first next(); no thread starts."""
         error = make_errors()[kind]
 
         class BadIter:
@@ -127,10 +127,13 @@ class TestSourceRaisesInProtocol:
                 raise error
 
         loader = WRAPPERS[wrapper](BadIter())
+        iterator = iter(loader)  # lazy: nothing runs yet
         with pytest.raises(BaseException) as info:
-            iter(loader)
+            next(iterator)
         assert info.value is error
         assert not prefetch_threads()
+        with pytest.raises(StopIteration):  # the epoch is over
+            next(iterator)
 
     @pytest.mark.timeout(30)
     @pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
@@ -193,7 +196,7 @@ class TestSourceRaisesInProtocol:
 
     @pytest.mark.timeout(30)
     def test_state_dict_raises_at_epoch_start(self) -> None:
-        """A BaseException from the start-of-epoch state_dict() is raised by iter(); no thread."""
+        """A BaseException from the start-of-epoch state_dict() is raised by next(); no thread."""
         error = SystemExit(9)
 
         class BadState(ListSource):
@@ -201,8 +204,9 @@ class TestSourceRaisesInProtocol:
                 raise error
 
         loader = BackgroundLoader(BadState(5))
+        iterator = iter(loader)  # lazy: the epoch starts at the first next()
         with pytest.raises(SystemExit) as info:
-            iter(loader)
+            next(iterator)
         assert info.value is error
         assert not prefetch_threads()
 

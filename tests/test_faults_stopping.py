@@ -88,8 +88,9 @@ class TestInterruptedStart:
         monkeypatch.setattr(threading.Thread, "start", interrupted_start)
         loader = BackgroundLoader(range(10**6), depth=2)
         try:
+            iterator = iter(loader)  # lazy: the thread starts at the first next()
             with pytest.raises(KeyboardInterrupt):
-                iter(loader)
+                next(iterator)
             monkeypatch.undo()
             assert wait_until(lambda: not prefetch_threads(), 3.0), "producer thread leaked"
         finally:

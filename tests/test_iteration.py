@@ -94,11 +94,13 @@ class TestSeveralIterators:
         first = iter(loader)
         assert next(first) == 0
         second = iter(loader)
+        assert next(first) == 1  # an idle iter() changes nothing
+        head = next(second)  # the newer epoch starts: the older one is stopped
         with pytest.raises(RuntimeError, match="one-shot range_iterator"):
             next(first)
         with pytest.raises(StopIteration):
             next(first)
-        rest = list(second)
+        rest = [head, *second]
         assert rest == sorted(rest) and set(rest) <= set(range(1, 10)) and rest[-1] == 9
 
     @pytest.mark.parametrize("stack", ["background", "cuda(background)", "cuda"])
@@ -110,9 +112,10 @@ class TestSeveralIterators:
             first = iter(loader)
             assert next(first).tolist() == [0, 1]
             second = iter(loader)
+            head = next(second)  # the newer epoch starts: the older one is stopped
             with pytest.raises(RuntimeError, match="persistent_workers=True"):
                 next(first)
-            assert as_lists(second) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+            assert [head.tolist(), *as_lists(second)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
         finally:
             loader.close()
             data._iterator = None  # shut the persistent workers down

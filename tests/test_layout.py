@@ -21,7 +21,7 @@ LAYERS = {"_shared": 0, "_threads": 1, "_device": 2}
 """A folder may import from folders of its own layer or below."""
 PARTNERS = {("_shared/checkpointing.py", "_shared/wrapper.py")}
 """(reader, owner): modules that read each other's private names by design."""
-HOOKS = {"_open_epoch", "_start_state", "_copied_to"}
+HOOKS = {"_idle_epoch", "_open_epoch", "_start_state", "_copied_to"}
 """Hooks LoaderWrapper declares: any wrapper may call them on the wrapper it wraps."""
 DECLARED = {"_runs_on_consumer_thread"}
 """Class attributes LoaderWrapper declares and a subclass overrides; any wrapper may read them."""

@@ -110,9 +110,9 @@ class LoaderMachine(RuleBasedStateMachine):
         # once both run; ListSource's iterators share one position: test_iteration.)
         self.iterator = None
         self.iterator = iter(self.loader)
-        self.source.fail_at, self.source.error = None, None  # read at iter() only
         self._stop_current()  # a new epoch stops the previous one
-        start_state = self.loader.state_dict()
+        start_state = self.loader.state_dict()  # starts the idle epoch: iter(source) runs now
+        self.source.fail_at, self.source.error = None, None  # read at iter(source) only
         # The start-of-epoch state may be read before iter(source) (the raw position, the
         # previous epoch's number) or after it (the normalized position, the new epoch).
         before_or_after = {self.active_epoch, self.next_epoch}

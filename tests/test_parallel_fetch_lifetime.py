@@ -26,7 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from prefetch import BackgroundLoader
 from prefetch._threads.engine import Engine
 
-from .liveness import engine_of, wait_for
+from .liveness import begin, engine_of, wait_for
 from .parallel import (
     THREAD_COUNTS,
     Abort,
@@ -71,7 +71,7 @@ class TestStopWhileBlockedInARead:
         dataset = Gated(100)
         loader = BackgroundLoader(DataLoader(dataset), depth=4, fetch_threads=threads)
         try:
-            held = [iter(loader)]
+            held = [begin(iter(loader))]
             wait_for(lambda: dataset.started == threads, f"{threads} reads to start")
             time.sleep(0.05)  # room for a read beyond one per thread, which must not come
             assert dataset.started == threads
@@ -206,7 +206,7 @@ class TestFirstRound:
 
 def check_bound(loader: BackgroundLoader[Any], dataset: Counted, bound: int) -> None:
     """Consume slowly, letting the threads fill up; no read may begin beyond ``bound``."""
-    iterator = iter(loader)
+    iterator = begin(iter(loader))
     for _ in range(dataset.size):
         wanted = min(dataset.consumed_calls + bound, dataset.size)
         wait_for(lambda: dataset.started >= wanted, f"{wanted} reads to start")  # noqa: B023
@@ -252,7 +252,7 @@ class TestResumeAtEveryPoint:
             head, rest = plain_rest(taken)
             torch.manual_seed(21)
             loader = BackgroundLoader(stateful(), depth=2, fetch_threads=threads)
-            iterator = iter(loader)
+            iterator = begin(iter(loader))
             # taken None: a checkpoint taken at the end
             consumed = list(iterator) if taken is None else [next(iterator) for _ in range(taken)]
             drawn = min(BATCHES, len(consumed) + threads + 1)

@@ -48,11 +48,10 @@ def seeded_run(thread_first: bool, stack: str) -> tuple[float, list[int]]:
     loader = BackgroundLoader(DataLoader(dataset, shuffle=True, batch_size=None))
     wrapped = CudaPrefetcher(loader, device="cpu") if stack == "cuda" else loader
     iterator = iter(wrapped)
-    if stack == "cuda":  # the device path reads its first batch at next(): start it
-        dataset.gate.set()
-        first = [int(next(iterator))]
-    else:
-        first = []
+    dataset.gate.set()  # every epoch starts at its first next(), on this thread
+    first = [int(next(iterator))]
+    dataset.gate.clear()
+    dataset.fetched.clear()
     if thread_first:
         dataset.gate.set()
         assert dataset.fetched.wait(WAIT)

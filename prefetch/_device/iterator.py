@@ -105,28 +105,25 @@ class DeviceIterator(EpochIterator[T]):
         1
     """
 
-    def __init__(
-        self,
-        source: Iterator[Any],
-        record: EpochRecord,
-        *,
-        copier: Copier,
-        depth: int,
-        read_state: Callable[[], Any] | None,
-        owned: bool,
-    ) -> None:
+    def __init__(self, *, copier: Copier, depth: int) -> None:
         self._copier = copier
         self._depth = depth
-        self._read_state = read_state
-        self._source: Iterator[Any] | None = source
-        self._record = record
+        self._read_state: Callable[[], Any] | None = None
+        self._source: Iterator[Any] | None = None  # attached when the epoch starts
+        self._record = EpochRecord(None)  # a placeholder until then
         self._pending: deque[InFlight | Failure] = deque()
         self._ended = False  # the source raised StopIteration
         self._end_state: Any = None
-        self._releaser = weakref.finalize(self, release_source, source, owned)
-        self._releaser.atexit = False
-        self._stopper = SourceRelease(self._releaser)
+        self._releaser: weakref.finalize[Any, Any] | None = None
         self._thread = threading.get_ident()  # the consumer's: iter() runs on it
+
+    def _attach(self, record: EpochRecord, parts: Any) -> None:
+        """Take the source (``parts``: source, state reader, whether the epoch owns it)."""
+        source, self._read_state, owned = parts
+        self._record, self._source = record, source
+        self._releaser = releaser = weakref.finalize(self, release_source, source, owned)
+        releaser.atexit = False
+        self._stopper = SourceRelease(releaser)
 
     def __next__(self) -> T:
         if self._invalid is not None:
@@ -136,6 +133,9 @@ class DeviceIterator(EpochIterator[T]):
         try:
             if threading.get_ident() != self._thread:
                 raise wrong_thread_error()
+            if self._opener is not None:
+                self._start()  # the first next(): the epoch starts now, on this thread
+                stats = self._record.stats
             self._fill(1)
             if not self._pending:
                 if self._ended:
@@ -207,7 +207,9 @@ class DeviceIterator(EpochIterator[T]):
 
     def _release(self) -> None:
         self._source = None
-        self._releaser()  # once: later calls do nothing
+        self._opener = None  # an idle epoch closed before its first next() never starts
+        if self._releaser is not None:
+            self._releaser()  # once: later calls do nothing
 
     def _is_over(self) -> bool:
         return self._source is None and not self._pending

@@ -135,16 +135,14 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         """Batches kept in flight behind the one handed over."""
         return self._depth
 
-    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> DeviceIterator[T]:
-        self._copier.start_epoch()
-        return DeviceIterator(
-            source,
-            record,
-            copier=self._copier,
-            depth=self._depth,
-            read_state=self._state_reader(),
-            owned=source is not self._loader,
-        )
+    def _idle_epoch(self) -> DeviceIterator[T]:
+        self._copier.start_epoch()  # the side stream exists from iter() on (nothing is copied)
+        return DeviceIterator(copier=self._copier, depth=self._depth)
+
+    def _open_epoch(
+        self, source: Iterator[Any], record: EpochRecord
+    ) -> tuple[Iterator[Any], Callable[[], Any] | None, bool]:
+        return source, self._state_reader(), source is not self._loader
 
     def __repr__(self) -> str:
         return f"CudaPrefetcher({short_repr(self._loader)}, device={str(self._device)!r})"

@@ -104,6 +104,7 @@ class Checkpointing(LoaderWrapper):
             >>> [batch.item() for batch in loader]
             [2, 3, 4, 5]
         """
+        self._settle()  # an epoch iter() gave and no next() started is at its start
         state = read_state(self._loader) if self._epoch is None else self._epoch.state
         if isinstance(state, StateUnavailable):
             msg = f"{type(self).__name__}.state_dict() has no state to give: {state.describe()}"

@@ -1,14 +1,22 @@
-"""One epoch's life, the same for every wrapper: opened by ``iter()``, stopped once.
+"""One epoch's life, the same for every wrapper: created by ``iter()``, started by ``next()``.
 
-A wrapper's ``iter()`` (:meth:`~prefetch._shared.wrapper.LoaderWrapper.__iter__`,
-the one place that opens epochs) calls ``iter()`` on the wrapped loader,
-starts an :class:`EpochRecord` and asks the wrapper for the epoch's iterator,
-an :class:`EpochIterator`. The wrapper keeps its epochs in an
+A wrapper's ``iter()`` returns an idle :class:`EpochIterator`: nothing runs,
+nothing is drawn, nothing is registered, so a framework that calls ``iter()``
+only to look (Lightning does) changes nothing. Its first ``next()`` starts the
+epoch (:meth:`EpochIterator._start`) on the caller's thread: the wrapper
+(:meth:`~prefetch._shared.wrapper.LoaderWrapper._begin`, the one place that
+opens epochs) calls ``iter()`` on the wrapped loader, starts an
+:class:`EpochRecord`, and the iterator takes what the wrapper made for it
+(:func:`start_epoch`). The wrapper keeps its started epochs in an
 :class:`OpenEpochs` registry, each with the :class:`Stoppable` its iterator
 registered: what stops the epoch's threads, or releases its source, even once
 the iterator itself is gone.
 
 Invariants:
+
+* **Idle until the first next().** An iterator no ``next()`` reached holds
+  no thread, no source and no worker; dropping it costs nothing, and
+  closing it only marks it over.
 
 * **The registry never holds an iterator.** It keeps a weak reference and
   the :class:`Stoppable`, which holds no reference to the iterator, so a
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from prefetch._shared.stats import LoaderStats
@@ -74,13 +82,16 @@ class Stoppable(Protocol):
 class EpochIterator(Iterator[T]):
     """Base of the iterator an ``iter()`` of a wrapper returns: one epoch.
 
-    Subclasses set ``_record`` and ``_stopper`` and implement :meth:`_finish`
-    and :meth:`_is_over`.
+    A subclass starts idle, with a placeholder record; :meth:`_attach` gives
+    it the epoch's record and what its wrapper made for it, and sets
+    ``_stopper``. It implements :meth:`_attach`, :meth:`_finish` and
+    :meth:`_is_over`, and calls :meth:`_start` at its first ``next()``.
     """
 
     _record: EpochRecord
     _stopper: Stoppable
     _invalid: str | None = None  # why a newer epoch stopped this one, until raised
+    _opener: Callable[[EpochIterator[Any]], None] | None = None  # starts it (None: started)
 
     @property
     def stats(self) -> LoaderStats:
@@ -104,8 +115,29 @@ class EpochIterator(Iterator[T]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _start(self) -> None:
+        """Start the epoch if it is idle (the first ``next()``, on the caller's thread).
+
+        If starting raises (``iter()`` of the loader did), the epoch is over:
+        the error reaches the caller and later ``next()`` calls end it.
+        """
+        opener, self._opener = self._opener, None
+        if opener is None:
+            return
+        try:
+            opener(self)
+        except BaseException:
+            self._finish()
+            raise
+        finally:
+            del self  # a traceback keeps this frame: not the iterator
+
+    def _attach(self, record: EpochRecord, parts: Any) -> None:
+        """Take the started epoch: its record, and what the wrapper made for it."""
+        raise NotImplementedError
+
     def _finish(self) -> None:
-        """Stop the epoch and release what it holds (idempotent)."""
+        """Stop the epoch and release what it holds (idempotent; an idle epoch only ends)."""
         raise NotImplementedError
 
     def _is_over(self) -> bool:
@@ -134,6 +166,22 @@ class EpochIterator(Iterator[T]):
         raise StopIteration
 
 
+def defer_start(iterator: EpochIterator[Any], opener: Callable[[EpochIterator[Any]], None]) -> None:
+    """Make ``opener(iterator)`` start ``iterator`` at its first ``next()``."""
+    iterator._opener = opener
+
+
+def start_if_idle(iterator: EpochIterator[Any]) -> None:
+    """Start ``iterator``'s epoch now if no ``next()`` has yet (a checkpoint asks for its place)."""
+    if iterator._opener is not None:
+        iterator._start()
+
+
+def start_epoch(iterator: EpochIterator[Any], record: EpochRecord, parts: Any) -> None:
+    """Give the idle ``iterator`` its started epoch (see :meth:`EpochIterator._attach`)."""
+    iterator._attach(record, parts)
+
+
 def raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
     """Whether ``error`` came out of the epoch ``source`` as its source's own error.
 
@@ -157,7 +205,7 @@ class OpenEpochs:
         self.last: EpochRecord | None = None
 
     def add(self, iterator: EpochIterator[Any]) -> None:
-        """Register an epoch that was just opened; it becomes the latest."""
+        """Register an epoch that was just started; it becomes the latest."""
         self._open.append((weakref.ref(iterator), iterator._stopper))
         self.last = iterator._record
 

@@ -5,17 +5,19 @@ A training loop written for a bare ``DataLoader`` calls ``len(loader)``,
 :class:`LoaderWrapper` keeps all of that working through any stack of
 wrappers, so wrapping a loader is a one-line change.
 
-It also opens every epoch (:meth:`LoaderWrapper.__iter__`): it looks once for
-a distributed rank that reads everything, stops the older epochs of a source
+It also opens every epoch, at the first ``next()`` of the idle iterator
+``iter()`` returned (:meth:`LoaderWrapper._begin`): it looks once for a
+distributed rank that reads everything, stops the older epochs of a source
 that has only one position, warns once about a used-up one-shot source, calls
-``iter()`` on the wrapped loader, and only then asks the wrapper for the
-epoch's iterator (:meth:`LoaderWrapper._open_epoch`). A wrapper runs ahead of
+``iter()`` on the wrapped loader, and only then asks the wrapper for what the
+epoch runs (:meth:`LoaderWrapper._open_epoch`). A wrapper runs ahead of
 the training loop, so the wrapped loader's own ``state_dict()`` counts items
 the loop has not seen; each epoch therefore records the state right after
 each item it hands over (:class:`~prefetch._shared.epoch.EpochRecord`).
 
 Hooks the base declares and a subclass overrides (the only methods one
-wrapper calls on another): :meth:`LoaderWrapper._open_epoch`,
+wrapper calls on another): :meth:`LoaderWrapper._idle_epoch`,
+:meth:`LoaderWrapper._open_epoch`,
 :meth:`LoaderWrapper._start_state` (the checkpointing twin's) and
 :meth:`LoaderWrapper._copied_to`; and one class attribute a subclass sets,
 :attr:`LoaderWrapper._runs_on_consumer_thread`, which a wrapper that runs a
@@ -31,12 +33,20 @@ module's declared partner) adds them. Here, both names raise
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
-from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs
+from prefetch._shared.epoch import (
+    EpochIterator,
+    EpochRecord,
+    OpenEpochs,
+    defer_start,
+    start_epoch,
+    start_if_idle,
+)
 from prefetch._shared.stateful import NotStatefulError, read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
@@ -145,6 +155,7 @@ class LoaderWrapper:
         self._loader = loader
         self._epoch: EpochRecord | None = None  # the latest iter()'s (None: read the loader)
         self._epochs = OpenEpochs()
+        self._newest_idle: weakref.ref[EpochIterator[Any]] | None = None  # see _settle
         self._sharding_checked = False  # looked for a DataLoader that every rank reads whole
         self._preparation_due = True  # look once for a DataLoader accelerate did not prepare
         self._warned_used_up = False
@@ -155,6 +166,26 @@ class LoaderWrapper:
         )
 
     def __iter__(self) -> EpochIterator[Any]:
+        """Return an idle epoch: nothing runs until its first ``next()`` (see ``_begin``)."""
+        iterator = self._idle_epoch()
+        defer_start(iterator, self._begin)
+        self._newest_idle = weakref.ref(iterator)
+        return iterator
+
+    def _settle(self) -> None:
+        """Start the newest ``iter()``'s epoch if it is idle and still held.
+
+        ``state_dict()`` calls it: a loop that took ``iter()`` is at the start
+        of that epoch (as a plain loader's would be); an iterator only looked
+        at and dropped (Lightning's probe) is gone and starts nothing.
+        """
+        ref, self._newest_idle = self._newest_idle, None
+        iterator = ref() if ref is not None else None
+        if iterator is not None:
+            start_if_idle(iterator)
+
+    def _begin(self, iterator: EpochIterator[Any]) -> None:
+        """Start ``iterator``'s epoch: the one place that opens epochs (its first ``next()``)."""
         if not self._sharding_checked and distributed_world() > 1:
             self._sharding_checked = True
             warn_if_unsharded(self._loader, type(self).__name__)
@@ -176,22 +207,28 @@ class LoaderWrapper:
         else:
             self._epochs.forget_dropped()
         source = iter(loader)
+        if isinstance(source, EpochIterator):  # a wrapper below starts now too, on this thread
+            start_if_idle(source)
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
         # this state, not the finished previous one. Nothing runs ahead yet.
         last = self._epochs.last
         record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
         record.stats.parallel_fetch_available = self._parallel_fetch_available
-        iterator = self._open_epoch(source, record)
+        start_epoch(iterator, record, self._open_epoch(source, record))
         self._epoch = record
         self._epochs.add(iterator)
         self._totals.add(iterator)
-        return iterator
 
-    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> EpochIterator[Any]:
-        """Hook: return the epoch's iterator over ``source`` (``iter()`` of the loader).
+    def _idle_epoch(self) -> EpochIterator[Any]:
+        """Hook: a new, idle iterator of this wrapper's kind (``iter()`` returns it)."""
+        raise NotImplementedError
+
+    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> Any:
+        """Hook: what the epoch over ``source`` (``iter()`` of the loader) needs to run.
 
         ``record`` is the epoch's; ``source is self.loader`` for a one-shot
-        iterator, which the epoch must not close when it ends.
+        iterator, which the epoch must not close when it ends. The iterator
+        takes the result in its ``_attach``.
         """
         raise NotImplementedError
 

@@ -68,21 +68,11 @@ class BackgroundIterator(EpochIterator[T]):
         StopIteration
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        record: EpochRecord,
-        *,
-        depth: Control,
-        threads: Control | None = None,
-    ) -> None:
+    def __init__(self, *, depth: Control, threads: Control | None = None) -> None:
         if threads is None:
             threads = Fixed(THREADS, 1)
-        depth.start_epoch(record.stats)
-        threads.start_epoch(record.stats)
-        self._engine = engine
-        self._record = record
-        self._stopper = engine
+        self._engine: Engine | None = None  # attached when the epoch starts
+        self._record = EpochRecord(None)  # a placeholder until then
         self._depth = depth
         self._threads = threads
         # The current run (items handed over are set to None) and the runs behind it.
@@ -107,12 +97,22 @@ class BackgroundIterator(EpochIterator[T]):
         self._fewest = 0  # the fewest items ready at a report point since (0: report at once)
         self._done = False
         self._source_error_id: int | None = None
-        self._finalizer = weakref.finalize(self, engine.stop)
-        self._finalizer.atexit = False
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    def _attach(self, record: EpochRecord, parts: Any) -> None:
+        """Start the epoch's engine (``parts``), reporting to ``record``'s stats."""
+        engine: Engine = parts
+        self._depth.start_epoch(record.stats)
+        self._threads.start_epoch(record.stats)
+        self._engine = self._stopper = engine
+        self._record = record
+        self._return_every = self._return_interval()
+        self._finalizer = finalizer = weakref.finalize(self, engine.stop)
+        finalizer.atexit = False
         try:
             engine.start()
         except BaseException:  # e.g. Ctrl-C while Thread.start() waits: never leave it running
-            self._finalizer()
+            finalizer()
             raise
 
     def __next__(self) -> T:
@@ -136,6 +136,8 @@ class BackgroundIterator(EpochIterator[T]):
     def _next_slow(self) -> T:
         """Hand over the next item with the bookkeeping the fast path skips."""
         try:
+            if self._opener is not None:
+                self._start()  # the first next(): the epoch starts now, on this thread
             while not self._done:
                 pos, items = self._pos, self._items
                 if pos < len(items):
@@ -189,7 +191,7 @@ class BackgroundIterator(EpochIterator[T]):
     def _return_interval(self) -> int:
         """Items handed over between two exchanges: a quarter of what the bounds let in flight."""
         limit = self._depth.value
-        max_bytes = self._engine.max_bytes
+        max_bytes = self._engine.max_bytes if self._engine is not None else None
         if max_bytes is not None and self._largest:
             limit = min(limit, max(1, max_bytes // self._largest))
         return max(1, limit // 4)
@@ -204,6 +206,7 @@ class BackgroundIterator(EpochIterator[T]):
         self._unreturned = self._unreturned_bytes = 0
         self._returned_pos = pos
         self._items_at_exchange = self._record.stats.items
+        assert self._engine is not None  # started: _next_slow starts the epoch first
         runs, waited = self._engine.exchange(returned, nbytes, wait=wait)
         self._queued.extend(runs)
         if waited:
@@ -264,6 +267,7 @@ class BackgroundIterator(EpochIterator[T]):
             self._reports = False  # a newer iter() adapts them now; this epoch keeps its own
             return
         now = time.perf_counter()
+        assert self._engine is not None
         engine = self._engine.snapshot()
         if adapts_depth:
             fewest = self._fewest
@@ -304,5 +308,7 @@ class BackgroundIterator(EpochIterator[T]):
         self._items, self._states, self._sizes, self._end_message = [], None, None, None
         self._queued.clear()
         self._pos = self._fast_until = 0
-        self._finalizer()
-        self._engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
+        self._opener = None  # an idle epoch closed before its first next() never starts
+        if self._finalizer is not None and self._engine is not None:
+            self._finalizer()
+            self._engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)

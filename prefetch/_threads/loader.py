@@ -234,7 +234,10 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         """Threads that fetch a DataLoader's batches in parallel (``None``: one thread)."""
         return self._fetch_threads
 
-    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> BackgroundIterator[T]:
+    def _idle_epoch(self) -> BackgroundIterator[T]:
+        return BackgroundIterator(depth=self._depth, threads=self._threads)
+
+    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> Engine:
         start_sampler_here(source)  # a seeded shuffle must not depend on the thread's timing
         producer = ProducerSpec(
             prepare=pin_batch if self._pin_memory else None,
@@ -246,7 +249,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             tasks = IteratorTasks(source, owned=source is not self._loader)
         else:
             tasks = sampler_tasks(cast("DataLoader[T]", self._loader), source, "BackgroundLoader")
-        engine = Engine(
+        return Engine(
             tasks,
             producer,
             record,
@@ -256,7 +259,6 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             measure_cpu=self._threads.adaptive,
             probe_first=self._budget_set,
         )
-        return BackgroundIterator(engine, record, depth=self._depth, threads=self._threads)
 
     def _copied_to(self, device: torch.device) -> None:
         """Pin for ``device`` (a CudaPrefetcher stacked on this loader copies there)."""
