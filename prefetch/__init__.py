@@ -13,8 +13,10 @@ from prefetch._device.prefetcher import CudaPrefetcher
 from prefetch._shared.stateful import NotStatefulError, Stateful
 from prefetch._shared.stats import DepthEvent, LoaderStats, ThreadEvent
 from prefetch._shared.totals import TotalStats
+from prefetch._threads.fetch_info import FetchInfo, fetch_info
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.loader import BackgroundLoader
+from prefetch._threads.timeout import LoaderTimeoutError
 
 __version__ = "0.3.0"
 
@@ -24,10 +26,13 @@ __all__ = [
     "CudaPrefetcher",
     "DepthEvent",
     "DeviceIterator",
+    "FetchInfo",
     "LoaderStats",
+    "LoaderTimeoutError",
     "Normalize",
     "NotStatefulError",
     "Stateful",
     "ThreadEvent",
     "TotalStats",
+    "fetch_info",
 ]

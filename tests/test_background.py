@@ -646,12 +646,15 @@ def test_public_api_is_explicit() -> None:
         "CudaPrefetcher",
         "DepthEvent",
         "DeviceIterator",
+        "FetchInfo",
         "LoaderStats",
+        "LoaderTimeoutError",
         "Normalize",
         "NotStatefulError",
         "Stateful",
         "ThreadEvent",
         "TotalStats",
+        "fetch_info",
     }
     for name in prefetch.__all__:
         assert getattr(prefetch, name).__module__.startswith("prefetch._")

@@ -296,7 +296,7 @@ class TestRefusals:
             BackgroundLoader(DataLoader(Values(4)), fetch_threads=value)
         message = str(raised.value)
         assert "fetch_threads" in message and repr(value) in message
-        assert "int >= 1" in message and "'auto'" in message
+        assert "int from 1 to 256" in message and "'auto'" in message
 
 
 class TestStacking:

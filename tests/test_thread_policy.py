@@ -229,11 +229,13 @@ class TestGrowth:
         assert (feed.stats.fetch_threads, feed.stats.peak_fetch_threads) == (8, 8)
 
     def test_no_growth_when_the_loop_does_not_wait(self) -> None:
-        """A loop waiting under 10% of the time is not held up: nothing grows, nothing is said."""
+        """A loop waiting under 10% of the time is not held up: nothing grows; one hold says so."""
         feed = Feed()
         assert feed.batches(500, wait=0.046875) == []  # 9.4% of each 0.5 s
         assert feed.policy.value == 2
-        assert feed.stats.thread_events == []
+        (hold,) = feed.stats.thread_events
+        assert (hold.item, hold.old, hold.new) == (10, 2, 2)
+        assert hold.reason.startswith("hold: consumer-bound: the loop waited 9% of the time")
 
     def test_keeps_a_growth_that_pays_and_grows_on(self) -> None:
         """8 threads deliver 4x: kept, and the loop still waits, so it grows to the ceiling, 16."""
@@ -514,13 +516,16 @@ class TestSimulatedTraces:
         workload = sim.Workload(sim.jittered(400, 0.1, 0.5, 3), cpu=0.05)
         run = sim.simulate(workload, 0.2, ThreadPolicy(cores=2))
         assert run.counts == [2] * 400
-        assert run.stats.thread_events == []
+        assert [(e.old, e.new) for e in run.stats.thread_events] == [(2, 2)]
+        assert run.stats.thread_events[0].reason.startswith("hold: consumer-bound")
 
     def test_grows_only_to_what_the_loop_takes(self) -> None:
         """A loop taking 50 batches/s: 2 threads give 20, so auto grows once and stops waiting."""
         workload = sim.Workload([0.1] * 400, cpu=0.05)
         run = sim.simulate(workload, 0.02, ThreadPolicy(cores=2))
-        assert [(e.old, e.new) for e in run.stats.thread_events] == [(2, 8)]
+        events = run.stats.thread_events
+        assert [(e.old, e.new) for e in events] == [(2, 8), (8, 8)]  # then the loop is the limit
+        assert events[1].reason.startswith("hold: consumer-bound")
         assert run.rate(100) == pytest.approx(50.0)
 
     def test_carries_over_across_epochs(self) -> None:
@@ -620,7 +625,14 @@ class TestWithBackgroundLoader:
 
 def hold_kind(reason: str) -> str:
     """Which bound or verdict a hold's reason names."""
-    kinds = ("CPU ceiling", "the maximum", "max_bytes", "gave no more throughput")
+    kinds = (
+        "CPU ceiling",
+        "the maximum",
+        "max_bytes",
+        "gave no more throughput",
+        "consumer-bound",
+        "batches of an epoch",
+    )
     (kind,) = [kind for kind in kinds if kind in reason]
     return kind
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 
@@ -85,10 +86,60 @@ def check_loader_depth(depth: object, max_depth: object, owner: str) -> int | No
     return depth
 
 
+MAX_FETCH_THREADS = 256
+"""Most ``fetch_threads`` a loader takes: each thread holds a batch in flight, so 256
+threads read 256 batches ahead; storage that needs more concurrency wants another design."""
+
+
 def check_fetch_threads(value: object, owner: str) -> int | Literal["auto"] | None:
-    """Return ``fetch_threads`` if it is ``None``, ``"auto"`` or an int >= 1, else raise."""
+    """Return ``fetch_threads`` if it is ``None``, ``"auto"`` or an int from 1 to 256, else raise.
+
+    Example:
+        >>> check_fetch_threads(1000, "BackgroundLoader")
+        Traceback (most recent call last):
+        ...
+        ValueError: BackgroundLoader(fetch_threads=...) expects None, 'auto' or an int from 1 to 256, got 1000: each thread holds a batch in flight, so 1000 threads would read 1000 batches ahead; fetch_threads='auto' finds the count that pays
+    """  # noqa: E501
     if value is None:
         return None
     if value == "auto":
         return "auto"
-    return check_count(value, "fetch_threads", owner, "None, 'auto' or an int >= 1")
+    expected = f"None, 'auto' or an int from 1 to {MAX_FETCH_THREADS}"
+    count = check_count(value, "fetch_threads", owner, expected)
+    if count > MAX_FETCH_THREADS:
+        msg = (
+            f"{owner}(fetch_threads=...) expects {expected}, got {count}: each thread holds "
+            f"a batch in flight, so {count} threads would read {count} batches ahead; "
+            "fetch_threads='auto' finds the count that pays"
+        )
+        raise ValueError(msg)
+    return count
+
+
+def check_timeout(value: object, owner: str) -> float | None:
+    """Return a timeout in seconds, or ``None`` for none (``None``, ``0`` or infinity).
+
+    ``0`` means no timeout, as ``DataLoader(timeout=0)`` does.
+
+    Example:
+        >>> check_timeout(2, "BackgroundLoader"), check_timeout(0, "BackgroundLoader")
+        (2.0, None)
+        >>> check_timeout(-1, "BackgroundLoader")
+        Traceback (most recent call last):
+        ...
+        ValueError: BackgroundLoader(timeout=...) expects None or seconds >= 0 (0: no timeout, as in DataLoader), got -1
+    """  # noqa: E501
+    if value is None:
+        return None
+    expected = "None or seconds >= 0 (0: no timeout, as in DataLoader)"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        msg = (
+            f"{owner}(timeout=...) expects {expected}, got {value!r} of type {type(value).__name__}"
+        )
+        raise TypeError(msg)
+    if not value >= 0:  # negative, or NaN
+        msg = f"{owner}(timeout=...) expects {expected}, got {value!r}"
+        raise ValueError(msg)
+    if value == 0 or math.isinf(value):
+        return None
+    return float(value)

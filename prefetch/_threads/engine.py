@@ -50,6 +50,9 @@ Invariants (every change here must keep them):
   again, the earliest final wins, and it is posted only by the last thread
   to leave, after the source is released: a DataLoader's workers are gone
   before its error is seen.
+* **Timeout.** With a :class:`~prefetch._threads.timeout.Timeout`, a consumer
+  that waited longer for the run it wants stops the engine and takes a
+  final ``ERROR`` run carrying the timeout error instead.
 * **Stop.** :meth:`stop` (from any thread, a finalizer included) makes every
   thread leave at its next check; one inside the source leaves when the
   source returns. Nothing a stopped engine fetched is kept. At interpreter
@@ -70,9 +73,11 @@ import time
 
 from prefetch._shared.epoch import EpochRecord
 from prefetch._shared.profiling import profiling, span
+from prefetch._threads.fetch_info import enter_fetch_thread, leave_fetch_thread
 from prefetch._threads.messages import ERROR, STOPPED_RUN, Final, Message, Run, Snapshot
 from prefetch._threads.producers import Held, draw_runs, fetch_in_parallel
 from prefetch._threads.tasks import ProducerSpec, Tasks
+from prefetch._threads.timeout import Timeout
 
 POLL_SECONDS = 0.1
 """How often a blocked side re-checks that the other side is still there."""
@@ -100,6 +105,7 @@ class Engine:
             a system call per item).
         probe_first: With no size known, draw one item at a time until one is
             posted (a byte budget the user set is kept from the first item on).
+        timeout: The consumer's longest wait for a run, or ``None``.
     """
 
     def __init__(
@@ -113,8 +119,10 @@ class Engine:
         max_bytes: int | None,
         measure_cpu: bool = False,
         probe_first: bool = False,
+        timeout: Timeout | None = None,
     ) -> None:
         self.tasks, self.spec, self.record = tasks, spec, record
+        self.timeout = timeout
         self.max_bytes = max_bytes
         self.clock = time.thread_time if measure_cpu else _no_clock
         self.parallel_python = not _gil_enabled()  # threads run Python at the same time
@@ -143,6 +151,7 @@ class Engine:
         self.stopped = False  # whether stop() was called
         self._final: Final | None = None
         self._threads: list[threading.Thread] = []
+        self._indices: set[int] = set()  # thread indices in use (see fetch_info)
 
     # -- the consumer's side --------------------------------------------------
 
@@ -277,11 +286,20 @@ class Engine:
 
     def _wait_for_run(self) -> list[Run]:
         self.consumer_waiting = True
+        timeout = self.timeout
+        deadline = time.monotonic() + timeout.seconds if timeout is not None else 0.0
         try:
             while True:
                 if self.stopped:
                     return [STOPPED_RUN]
-                self._data.wait(POLL_SECONDS)
+                wait = POLL_SECONDS
+                if timeout is not None:
+                    wait = deadline - time.monotonic()
+                    if wait <= 0:  # the epoch ends here: nothing fetched is kept
+                        self.stop()
+                        return [Run([], end=Message(ERROR, timeout.error(), None))]
+                    wait = min(wait, POLL_SECONDS)
+                self._data.wait(wait)
                 runs = self._take_posted()
                 if runs:
                     return runs
@@ -326,9 +344,19 @@ class Engine:
 
     # -- the threads' side ----------------------------------------------------
 
+    def thread_count(self) -> int:
+        """The threads wanted now (what :func:`~prefetch.fetch_info` reports)."""
+        with self._lock:
+            return self._threads_wanted
+
     def _work(self, held: Held) -> None:
         final: Final | None = None
+        with self._lock:  # the lowest index no running thread has
+            index = min(set(range(len(self._indices) + 1)) - self._indices)
+            self._indices.add(index)
         try:
+            if self.tasks.parallel and self.spec.seed is not None:
+                enter_fetch_thread(index, self.spec.seed, self.thread_count)
             if self.spec.setup is not None:
                 self.spec.setup()
             produce = fetch_in_parallel if self.tasks.parallel else draw_runs
@@ -336,6 +364,9 @@ class Engine:
         except BaseException as error:  # our own failure: handed over, never dropped
             final = Final(self.next_seq, Message(ERROR, error, None))
         finally:
+            leave_fetch_thread()
+            with self._lock:
+                self._indices.discard(index)
             self.leave(final, held)
 
     # What the threads call (from prefetch._threads.producers), and the hints they read.

@@ -24,6 +24,7 @@ from prefetch._shared.arguments import (
     check_iterable,
     check_loader_depth,
     check_optional_count,
+    check_timeout,
 )
 from prefetch._shared.checkpointing import adopt_state
 from prefetch._shared.epoch import EpochRecord
@@ -38,13 +39,15 @@ from prefetch._shared.stacking import consumer_thread_wrapper
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, QUICK_MAX_DEPTH, DepthPolicy
 from prefetch._threads.engine import Engine
+from prefetch._threads.fetch_info import call_thread_init
+from prefetch._threads.fetch_options import check_thread_init_fn, fetchable, thread_control
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.keywords import explain_keywords
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
-from prefetch._threads.policy import DEPTH, THREADS, Control, Fixed
+from prefetch._threads.policy import DEPTH, Control, Fixed
 from prefetch._threads.sampler_seed import start_sampler_here
 from prefetch._threads.tasks import IteratorTasks, ProducerSpec, Tasks
-from prefetch._threads.thread_policy import ThreadPolicy
+from prefetch._threads.timeout import Timeout, check_dataloader_timeout
 
 DEFAULT_MAX_BYTES = 1 << 30
 """Default ceiling on tensor bytes buffered with ``depth="auto"`` (1 GiB)."""
@@ -115,7 +118,19 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             loader is. The threads' counterpart of the DataLoader's
             ``num_workers`` (worker processes, set on the ``DataLoader``,
             which this loader does not take); see the guide on threads
-            versus worker processes.
+            versus worker processes. At most 256; a count above 32 per core
+            warns (it cannot help), and ``"auto"`` stays within 32 and the
+            DataLoader's batches per epoch.
+        thread_init_fn: Called once at the start of each fetch thread, before
+            it reads, with the thread's index (``fetch_threads`` only; the
+            threads' ``worker_init_fn``). An exception from it ends the epoch
+            and reaches your loop. In the threads, :func:`~prefetch.fetch_info`
+            tells the index, the thread count and the epoch's seed.
+        timeout: Most seconds your loop waits for the next item, as
+            ``DataLoader(timeout=...)`` for worker processes: past it, ``next()``
+            raises :class:`~prefetch.LoaderTimeoutError` (a ``TimeoutError`` and
+            a ``RuntimeError``) and the epoch is over. ``None`` or ``0`` (the
+            default): no limit.
 
     DataLoader arguments (``num_workers``, ``batch_size``, ``shuffle``,
     ``prefetch_factor``, ...) belong to the ``DataLoader`` you wrap; passing
@@ -143,6 +158,8 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         pin_memory: bool = False,
         num_threads: int | None = None,
         fetch_threads: int | Literal["auto"] | None = None,
+        thread_init_fn: Callable[[int], object] | None = None,
+        timeout: float | None = None,
     ) -> None:
         check_iterable(loader, "BackgroundLoader")
         inner = consumer_thread_wrapper(loader)
@@ -186,12 +203,12 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._fetch_threads = check_fetch_threads(fetch_threads, "BackgroundLoader")
         if fetch_threads is not None:
             check_parallel_loader(loader, "BackgroundLoader")
-        available = fetch_threads is None and _fetchable(loader)
-        self._threads: Control = Fixed(
-            THREADS, fetch_threads if isinstance(fetch_threads, int) else 1
-        )
-        if fetch_threads == "auto":
-            self._threads = ThreadPolicy(max_bytes=self._max_bytes)
+        check_thread_init_fn(thread_init_fn, fetch_threads, "BackgroundLoader")
+        self._timeout = check_timeout(timeout, "BackgroundLoader")
+        check_dataloader_timeout(loader, "BackgroundLoader")
+        available = fetch_threads is None and fetchable(loader)
+        self._threads = thread_control(loader, self._fetch_threads, self._max_bytes)
+        self._thread_init_fn = thread_init_fn
         super().__init__(loader)
         self._parallel_fetch_available = available  # the summary's advice may name it
         self._preparation_due = fetch_threads is None  # fetch_threads reads unprepared loaders
@@ -234,6 +251,11 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         """Threads that fetch a DataLoader's batches in parallel (``None``: one thread)."""
         return self._fetch_threads
 
+    @property
+    def timeout(self) -> float | None:
+        """Most seconds the loop waits for the next item, or ``None`` for no limit."""
+        return self._timeout
+
     def _idle_epoch(self) -> BackgroundIterator[T]:
         return BackgroundIterator(depth=self._depth, threads=self._threads)
 
@@ -243,6 +265,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             prepare=pin_batch if self._pin_memory else None,
             read_state=self._state_reader(),
             setup=self._thread_setup(),
+            seed=getattr(source, "_base_seed", None) if self._fetch_threads is not None else None,
         )
         tasks: Tasks
         if self._fetch_threads is None:
@@ -258,6 +281,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             max_bytes=self._max_bytes,
             measure_cpu=self._threads.adaptive,
             probe_first=self._budget_set,
+            timeout=Timeout(self._timeout, repr(self)) if self._timeout is not None else None,
         )
 
     def _copied_to(self, device: torch.device) -> None:
@@ -268,14 +292,16 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         device = None
         if self._pin_memory:
             device = self._pin_device if self._pin_device is not None else current_device_index()
-        num_threads = self._num_threads
-        if device is None and num_threads is None:
+        num_threads, init = self._num_threads, self._thread_init_fn
+        if device is None and num_threads is None and init is None:
             return None
 
         def setup() -> None:
             select_device(device)
             if num_threads is not None:
                 torch.set_num_threads(num_threads)
+            if init is not None:
+                call_thread_init(init)
 
         return setup
 
@@ -284,13 +310,6 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         text = f"BackgroundLoader({short_repr(self._loader)}, depth={depth}"
         if self._fetch_threads is not None:
             text += f", fetch_threads={self._fetch_threads!r}"
+        if self._timeout is not None:
+            text += f", timeout={self._timeout:g}"
         return text + ")"
-
-
-def _fetchable(loader: object) -> bool:
-    """Whether ``fetch_threads`` could read ``loader`` (a map-style single-process DataLoader)."""
-    try:
-        check_parallel_loader(loader, "BackgroundLoader")
-    except (TypeError, ValueError):
-        return False
-    return True

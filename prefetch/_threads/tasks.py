@@ -46,12 +46,16 @@ class ProducerSpec(NamedTuple):
         prepare: Applied to each item in the thread (pinning), or ``None``.
         read_state: Called right after each draw (and after the end), in draw
             order, to capture the source's checkpoint state, or ``None``.
-        setup: Called first in each thread (device selection, thread count).
+        setup: Called first in each thread (device selection, thread count,
+            ``thread_init_fn``).
+        seed: The epoch's base seed, which :func:`~prefetch.fetch_info` reports
+            in parallel-fetch threads (``None``: one thread, no fetch info).
     """
 
     prepare: Callable[[Any], Any] | None = None
     read_state: Callable[[], Any] | None = None
     setup: Callable[[], None] | None = None
+    seed: int | None = None
 
 
 class IteratorTasks:

@@ -23,7 +23,7 @@ The rules (the guide explains them with a trace):
 
 * **Grow only while the loop waits.** A window whose wait share is below
   :data:`MIN_WAIT_SHARE` changes nothing: the loader is already ahead, and
-  more threads would only hold more batches.
+  more threads would only hold more batches (a *consumer-bound* hold).
 * **Grow fast.** A loop that waited a share ``w`` of the time would take
   batches ``1 / (1 - w)`` times as fast; the count grows to that many times
   the threads, with :data:`HEADROOM` (scaling is rarely linear near the
@@ -41,7 +41,8 @@ The rules (the guide explains them with a trace):
   logarithm of its windows: no oscillation. (A drop in throughput alone
   does not re-probe: windows of a few rounds are too noisy to tell a slower
   source from a slow stretch.)
-* **Ceilings.** Never above ``maximum``, nor above the CPU ceiling
+* **Ceilings.** Never above ``maximum``, nor above the loader's ``batches``
+  per epoch (a thread reads a whole batch), nor above the CPU ceiling
   ``cores / CPU share`` (about the core count when fetching is CPU-bound,
   more when the threads mostly wait on I/O), nor above ``max_bytes //
   largest batch`` (each thread holds a batch in flight). A count above the
@@ -52,11 +53,11 @@ wait, so they look I/O-bound and the CPU ceiling lets them grow; the
 throughput check is what stops them, at the cost of one probe.
 
 Every change is a :class:`~prefetch.ThreadEvent` with its reason and the
-figures behind it. A window in which the loop waited but the count stayed (a
-ceiling, or a failed probe) is recorded once per epoch and kind as a
-*hold* (``old == new``). What the policy learned (the count, a hold, a
-probe awaiting its verdict) carries over to the next epoch of the same
-loader.
+figures behind it. A window in which the count stayed is recorded once per
+epoch and kind as a *hold* (``old == new``) saying why: the loop hardly
+waited (consumer-bound), a ceiling, or a probe that did not pay. What the
+policy learned (the count, a hold, a probe awaiting its verdict) carries
+over to the next epoch of the same loader.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ class ThreadPolicy(AdaptivePolicy):
         cores: Cores the threads may use (default: this process's CPU affinity).
         max_bytes: Most bytes of batches in flight, or ``None`` for no byte bound.
         start: First count, capped by ``maximum`` (default :data:`START_THREADS`).
+        batches: The loader's batches per epoch, a ceiling too (``None``: unknown).
 
     Example:
         >>> policy = ThreadPolicy(cores=2)
@@ -204,11 +206,13 @@ class ThreadPolicy(AdaptivePolicy):
         cores: int | None = None,
         max_bytes: int | None = None,
         start: int | None = None,
+        batches: int | None = None,
     ) -> None:
         owner = "ThreadPolicy"
         most = check_count(DEFAULT_MAX_THREADS if maximum is None else maximum, "maximum", owner)
         first = START_THREADS if start is None else check_count(start, "start", owner)
-        super().__init__(min(first, most), most)
+        self.batches = None if batches is None else check_count(batches, "batches", owner)
+        super().__init__(min(first, most, batches or most), most)
         self.cores = available_cores() if cores is None else check_count(cores, "cores", owner)
         self.max_bytes = None if max_bytes is None else check_count(max_bytes, "max_bytes", owner)
         self._probe: tuple[int, Window] | None = None  # (count before a growth, its window)
@@ -301,6 +305,12 @@ class ThreadPolicy(AdaptivePolicy):
                 )
                 return previous
         if w < MIN_WAIT_SHARE:
+            self._record_hold(
+                "consumer",
+                f"hold: consumer-bound: the loop waited {w:.0%} of the time at {n} threads "
+                f"(under {MIN_WAIT_SHARE:.0%}); loading keeps up, more threads would only "
+                "hold more batches",
+            )
             return None
         again = ""
         hold = self._held_count
@@ -336,6 +346,9 @@ class ThreadPolicy(AdaptivePolicy):
     def _limit(self, window: Window, largest_item: int) -> tuple[int, str, str]:
         """Return the count the bounds allow, which bound, and how to say it."""
         bounds = [(self.maximum, "maximum", f"the maximum of {self.maximum} threads")]
+        if self.batches is not None:
+            text = f"the {self.batches} batches of an epoch (a thread reads a whole batch)"
+            bounds.append((self.batches, "batches", text))
         share = window.cpu_share
         if share > 0.0:
             ceiling = max(1, math.floor(self.cores / share + 0.5))

@@ -1,0 +1,117 @@
+"""``BackgroundLoader``'s thread options: the ``fetch_threads`` ceilings, ``thread_init_fn``.
+
+* A count no machine can use is refused (above
+  :data:`~prefetch._shared.arguments.MAX_FETCH_THREADS`, in
+  :func:`~prefetch._shared.arguments.check_fetch_threads`); one above
+  :data:`THREADS_PER_CORE` per core warns (:func:`warn_many_threads`), saying
+  why it cannot help.
+* ``fetch_threads="auto"`` never grows past its ceiling: the policy's
+  maximum, and the DataLoader's batches per epoch (:func:`epoch_batches`): a
+  thread reads a whole batch, so more threads than batches have nothing to read.
+* :func:`check_thread_init_fn`: ``thread_init_fn`` is a function, and only
+  for fetch threads.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+from prefetch._shared.user_frame import user_stacklevel
+from prefetch._threads.parallel_fetch import check_parallel_loader
+from prefetch._threads.policy import THREADS, Control, Fixed
+from prefetch._threads.thread_policy import ThreadPolicy, available_cores
+
+THREADS_PER_CORE = 32
+"""Fetch threads per core past which a fixed count warns: even threads that wait on
+storage 97% of the time keep every core busy at this many."""
+
+
+def thread_control(
+    loader: Any, fetch_threads: int | Literal["auto"] | None, max_bytes: int | None
+) -> Control:
+    """The thread count of a ``BackgroundLoader`` (checked ``fetch_threads``): fixed or adaptive.
+
+    A fixed count above :data:`THREADS_PER_CORE` per core warns; ``"auto"``
+    is bounded by the loader's batches per epoch and ``max_bytes``.
+    """
+    if fetch_threads == "auto":
+        return ThreadPolicy(max_bytes=max_bytes, batches=epoch_batches(loader))
+    if fetch_threads is None:
+        return Fixed(THREADS, 1)
+    warn_many_threads(fetch_threads, available_cores(), "BackgroundLoader")
+    return Fixed(THREADS, fetch_threads)
+
+
+def fetchable(loader: object) -> bool:
+    """Whether ``fetch_threads`` could read ``loader`` (a map-style single-process DataLoader)."""
+    try:
+        check_parallel_loader(loader, "BackgroundLoader")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def warn_many_threads(count: int, cores: int, owner: str) -> None:
+    """Warn once if ``count`` fetch threads exceed :data:`THREADS_PER_CORE` per core.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_many_threads(64, 2, "BackgroundLoader")
+        ...     warn_many_threads(65, 2, "BackgroundLoader")
+        >>> [str(w.message)[:70] for w in caught]
+        ['BackgroundLoader(fetch_threads=65): more than 32 threads per core (2 c']
+    """
+    most = THREADS_PER_CORE * cores
+    if count <= most:
+        return
+    plural = "core" if cores == 1 else "cores"
+    message = (
+        f"{owner}(fetch_threads={count}): more than {THREADS_PER_CORE} threads per core "
+        f"({cores} {plural} here, so {most} at most) cannot help: even threads that wait on "
+        f"storage 97% of the time keep every core busy at {most}, the rest wait for a core "
+        f"and the GIL, and each holds a batch in flight ({count} batches read ahead). "
+        "fetch_threads='auto' finds the count that pays"
+    )
+    warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+
+
+def epoch_batches(loader: Any) -> int | None:
+    """The loader's batches per epoch (``len``), or ``None`` if it has no length.
+
+    Example:
+        >>> epoch_batches(range(3)), epoch_batches(iter(range(3)))
+        (3, None)
+    """
+    try:
+        return max(1, len(loader))
+    except TypeError:  # a sampler without a length
+        return None
+
+
+def check_thread_init_fn(init: object, fetch_threads: object, owner: str) -> None:
+    """Refuse a ``thread_init_fn`` that is not callable, or is given without ``fetch_threads``.
+
+    Example:
+        >>> check_thread_init_fn(print, None, "BackgroundLoader")
+        Traceback (most recent call last):
+        ...
+        ValueError: BackgroundLoader(thread_init_fn=...) runs in each parallel-fetch thread, so it needs fetch_threads=N or 'auto', got fetch_threads=None (one thread produces the items; set it up with num_threads=, or in the loader itself)
+    """  # noqa: E501
+    if init is None:
+        return
+    if not callable(init):
+        msg = (
+            f"{owner}(thread_init_fn=...) expects a function of the thread's index, or None, "
+            f"got {type(init).__name__} {init!r:.60}"
+        )
+        raise TypeError(msg)
+    if fetch_threads is None:
+        msg = (
+            f"{owner}(thread_init_fn=...) runs in each parallel-fetch thread, so it needs "
+            "fetch_threads=N or 'auto', got fetch_threads=None (one thread produces the "
+            "items; set it up with num_threads=, or in the loader itself)"
+        )
+        raise ValueError(msg)

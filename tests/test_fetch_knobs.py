@@ -1,0 +1,210 @@
+"""``fetch_threads``' ceiling, ``thread_init_fn`` and ``fetch_info()`` (issue 24).
+
+A count no machine can use is refused, one above 32 per core warns once,
+saying why; each fetch thread runs ``thread_init_fn(index)`` once before it
+reads, and an error there reaches the loop; ``fetch_info()`` is the
+threads' ``get_worker_info()``: the index, the count and the epoch's seed
+inside a fetch thread, ``None`` anywhere else.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import prefetch
+from prefetch import BackgroundLoader, FetchInfo, fetch_info
+
+WAIT_SECONDS = 10.0
+"""Longest the threads may take to meet at the barrier before the test fails."""
+
+
+class Recorder(Dataset[int]):
+    """``size`` samples that record ``(sample, thread name, fetch_info())`` for each read.
+
+    With ``meet``, the first ``meet`` reads wait for each other at a barrier,
+    so they are made by that many threads at once.
+    """
+
+    def __init__(self, size: int, meet: int = 0, events: list[Any] | None = None) -> None:
+        self.size = size
+        self.events: list[Any] = events if events is not None else []
+        self._lock = threading.Lock()
+        self._barrier = threading.Barrier(meet, timeout=WAIT_SECONDS) if meet else None
+        self._meet = meet
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        with self._lock:
+            self.events.append(("read", index, threading.current_thread().name, fetch_info()))
+        if self._barrier is not None and index < self._meet:
+            self._barrier.wait()
+        return index
+
+
+def reads(dataset: Recorder) -> list[tuple[int, str, FetchInfo | None]]:
+    """The reads a dataset recorded, without the marker."""
+    return [event[1:] for event in dataset.events if event[0] == "read"]
+
+
+class TestCeiling:
+    """fetch_threads above 256 is refused; above 32 per core warns once; "auto" stays within."""
+
+    @pytest.mark.parametrize("count", [257, 1000])
+    def test_above_256_is_refused(self, count: int) -> None:
+        """The error names the argument, the range and the value, and says why."""
+        with pytest.raises(ValueError, match=r"fetch_threads=\.\.\.\) expects") as raised:
+            BackgroundLoader(DataLoader(Recorder(4)), fetch_threads=count)
+        message = str(raised.value)
+        assert "an int from 1 to 256, got " + str(count) in message
+        assert f"read {count} batches ahead" in message
+
+    def test_above_32_per_core_warns_once_at_the_users_line(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """On 2 cores, 65 threads warn (once, over two epochs); the warning names this file."""
+        monkeypatch.setattr(prefetch._threads.fetch_options, "available_cores", lambda: 2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = BackgroundLoader(DataLoader(Recorder(8), batch_size=2), fetch_threads=65)
+            for _ in range(2):
+                assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        (warning,) = caught
+        assert warning.category is UserWarning and warning.filename == __file__
+        message = str(warning.message)
+        assert message.startswith(
+            "BackgroundLoader(fetch_threads=65): more than 32 threads per core "
+            "(2 cores here, so 64 at most) cannot help"
+        )
+        assert "fetch_threads='auto'" in message
+
+    @pytest.mark.parametrize("count", [64, "auto"])
+    def test_within_the_ceiling_is_silent(
+        self, monkeypatch: pytest.MonkeyPatch, count: int | str
+    ) -> None:
+        """64 threads on 2 cores, or "auto", say nothing."""
+        monkeypatch.setattr(prefetch._threads.fetch_options, "available_cores", lambda: 2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = BackgroundLoader(DataLoader(Recorder(2)), fetch_threads=count)
+        assert caught == [] and loader.fetch_threads == count
+
+
+class TestFetchInfo:
+    """fetch_info() inside fetch threads; None everywhere else."""
+
+    def test_three_threads_see_their_index_count_and_seed(self) -> None:
+        """Three threads reading at once report indices 0, 1, 2, a count of 3 and the seed."""
+        dataset = Recorder(12, meet=3)
+        generator = torch.Generator().manual_seed(7)
+        loader = BackgroundLoader(
+            DataLoader(dataset, batch_size=1, generator=generator), fetch_threads=3
+        )
+        assert [batch.item() for batch in loader] == list(range(12))
+        infos = [info for _, _, info in reads(dataset)]
+        assert all(isinstance(info, FetchInfo) for info in infos)
+        assert {info.index for info in infos} == {0, 1, 2}
+        assert {info.threads for info in infos} == {3}
+        expected = iter(DataLoader(dataset, generator=torch.Generator().manual_seed(7)))
+        assert {info.seed for info in infos} == {expected._base_seed}  # type: ignore[attr-defined]
+        by_thread = {(name, info.index) for _, name, info in reads(dataset)}
+        assert len(by_thread) == 3  # one index per thread
+
+    def test_seed_follows_the_global_generator_and_changes_each_epoch(self) -> None:
+        """Without a generator the seed comes from torch's, as the DataLoader's own does."""
+        dataset = Recorder(4)
+        loader = BackgroundLoader(DataLoader(dataset, batch_size=2), fetch_threads=2)
+        torch.manual_seed(3)
+        expected = [iter(DataLoader(dataset))._base_seed for _ in range(2)]  # type: ignore[attr-defined]
+        torch.manual_seed(3)
+        seeds = []
+        for _ in range(2):
+            dataset.events.clear()
+            list(loader)
+            seeds.append({info.seed for _, _, info in reads(dataset)})
+        assert seeds == [{expected[0]}, {expected[1]}] and expected[0] != expected[1]
+
+    def test_none_outside_fetch_threads(self) -> None:
+        """The main thread, a one-thread BackgroundLoader and a plain DataLoader see None."""
+        assert fetch_info() is None
+        dataset = Recorder(4)
+        assert [batch.tolist() for batch in BackgroundLoader(DataLoader(dataset))] == [
+            [0],
+            [1],
+            [2],
+            [3],
+        ]
+        assert list(DataLoader(dataset)) and len(reads(dataset)) == 8
+        assert {info for _, _, info in reads(dataset)} == {None}
+        assert all(name.startswith("prefetch-") for _, name, _ in reads(dataset)[:4])
+
+    def test_frozen(self) -> None:
+        """A FetchInfo cannot be changed."""
+        info = FetchInfo(0, 2, 5)
+        with pytest.raises(AttributeError):
+            info.index = 1  # type: ignore[misc]
+        assert (info.index, info.threads, info.seed) == (0, 2, 5)
+
+
+class TestThreadInitFn:
+    """thread_init_fn(index) runs once per fetch thread, first; its error reaches the loop."""
+
+    def test_called_once_per_thread_before_it_reads(self) -> None:
+        """Three threads, two epochs: three calls each epoch, each before its thread's reads."""
+        events: list[Any] = []
+        lock = threading.Lock()
+
+        def init(index: int) -> None:
+            with lock:
+                events.append(("init", index, threading.current_thread().name, fetch_info()))
+
+        dataset = Recorder(12, meet=3, events=events)
+        loader = BackgroundLoader(
+            DataLoader(dataset, batch_size=1), fetch_threads=3, thread_init_fn=init
+        )
+        for _ in range(2):
+            events.clear()
+            assert [batch.item() for batch in loader] == list(range(12))
+            inits = [event for event in events if event[0] == "init"]
+            assert sorted(index for _, index, _, _ in inits) == [0, 1, 2]
+            assert all(info is not None and info.index == index for _, index, _, info in inits)
+            names = [name for _, _, name, _ in inits]
+            assert len(set(names)) == 3
+            for position, event in enumerate(events):
+                if event[0] == "read":  # its thread was set up before
+                    assert ("init", event[3].index, event[2], event[3]) in events[:position]
+
+    def test_error_reaches_the_loop(self) -> None:
+        """The hook's exception is raised in the loop as the same object; the epoch is over."""
+        error = ValueError("no credentials for thread 1")
+
+        def init(index: int) -> None:
+            if index == 1:
+                raise error
+
+        loader = BackgroundLoader(
+            DataLoader(Recorder(64), batch_size=1), fetch_threads=2, thread_init_fn=init
+        )
+        iterator = iter(loader)
+        with pytest.raises(ValueError) as raised:
+            for _ in iterator:
+                pass
+        assert raised.value is error
+        assert next(iterator, "over") == "over"
+
+    def test_refused_without_fetch_threads(self) -> None:
+        """One thread has no fetch-thread index: the error says what it needs."""
+        with pytest.raises(ValueError, match=r"thread_init_fn=\.\.\.\) runs in each parallel"):
+            BackgroundLoader(DataLoader(Recorder(2)), thread_init_fn=print)
+
+    def test_not_callable(self) -> None:
+        """A value that is not a function is refused, naming the argument and the type."""
+        with pytest.raises(TypeError, match=r"thread_init_fn=\.\.\.\) expects a function .* int"):
+            BackgroundLoader(DataLoader(Recorder(2)), fetch_threads=2, thread_init_fn=3)  # type: ignore[arg-type]
