@@ -110,7 +110,7 @@ def _row(samples: dict[str, list[Measure]], variant: Variant, reason: str) -> Ro
 
 def run(config: Config) -> WorkloadResult:
     """Write the JPEGs, run every variant interleaved, and report; see the module docstring."""
-    count = config.size(256, 24)
+    count = config.size(512, 128)
     variants = plan(config)
     reasons = {variant.name: available(variant.method) for variant in variants}
     repeats = min(config.repeats, 3)

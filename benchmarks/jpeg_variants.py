@@ -33,7 +33,7 @@ __all__ = [
 LATENCY = 0.020
 """Seconds each read sleeps in the ``latency`` setting."""
 SETTINGS = {"local": 0.0, "latency": LATENCY}
-BATCH = 8
+BATCH = 64
 NOISE = 0.05
 """'Within noise' for the equal-concurrency comparisons: a ratio >= 1 - NOISE passes."""
 LABELS = {

@@ -13,12 +13,12 @@ from prefetch._device.prefetcher import CudaPrefetcher
 from prefetch._shared.stateful import NotStatefulError, Stateful
 from prefetch._shared.stats import DepthEvent, LoaderStats, ThreadEvent
 from prefetch._shared.totals import TotalStats
-from prefetch._threads.fetch_info import FetchInfo, fetch_info
+from prefetch._threads.fetch_info import FetchInfo, fetch_info, sample_seed
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.loader import BackgroundLoader
 from prefetch._threads.timeout import LoaderTimeoutError
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "BackgroundIterator",
@@ -35,4 +35,5 @@ __all__ = [
     "ThreadEvent",
     "TotalStats",
     "fetch_info",
+    "sample_seed",
 ]

@@ -655,6 +655,7 @@ def test_public_api_is_explicit() -> None:
         "ThreadEvent",
         "TotalStats",
         "fetch_info",
+        "sample_seed",
     }
     for name in prefetch.__all__:
         assert getattr(prefetch, name).__module__.startswith("prefetch._")

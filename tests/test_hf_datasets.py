@@ -76,7 +76,11 @@ class TestHuggingFaceParallelFetch:
         for ours, theirs in zip(got, plain, strict=True):
             assert set(ours) == set(theirs) == {"image", "label"}
             assert all(torch.equal(ours[key], theirs[key]) for key in ours)
-        assert calls == [BATCH] * (2 * plain_calls)  # every batch read once, by __getitems__
+        # Every batch read once, by __getitems__: whole for the DataLoader, in one chunk per
+        # thread at the grain of samples.
+        assert calls[:plain_calls] == [BATCH] * plain_calls
+        assert sum(calls[plain_calls:]) == BATCH * plain_calls
+        assert max(calls[plain_calls:]) == -(-BATCH // threads)
 
     def test_streaming_dataset_is_refused(self) -> None:
         """An IterableDataset has no indices to read in parallel: refused, saying what to do."""

@@ -84,7 +84,8 @@ class TestOtherKeywords:
         """A keyword like no other: the error lists what BackgroundLoader takes."""
         message = refusal(colour="blue")
         assert message.endswith("it takes loader, depth, max_depth, max_bytes, pin_memory, "
-                                "num_threads, fetch_threads, thread_init_fn, timeout")  # fmt: skip
+                                "num_threads, fetch_threads, thread_init_fn, timeout, "
+                                "fetch_grain")  # fmt: skip
 
     def test_max_prefetch_points_to_depth(self) -> None:
         """prefetch_generator's max_prefetch: BackgroundLoader's bound is depth."""

@@ -71,6 +71,17 @@ class UnevenBatches(Sampler[list[int]]):
         return sum(1 for _ in self)
 
 
+def is_slice_of_one(call: Any, batches: list[Any]) -> bool:
+    """Whether ``call`` is a contiguous run of the indices of one of ``batches``."""
+    call = list(call)
+    for batch in batches:
+        batch = list(batch)
+        for start in range(len(batch) - len(call) + 1):
+            if batch[start : start + len(call)] == call:
+                return True
+    return False
+
+
 class TestSameBatchesAsTheDataLoader:
     @pytest.mark.parametrize("threads", EVERY_COUNT)
     @pytest.mark.parametrize("kind", ["tensor", "dict", "tuple"])
@@ -154,8 +165,30 @@ class TestSameBatchesAsTheDataLoader:
         wrapped = list(BackgroundLoader(loader, fetch_threads=threads))
         assert_same_batches(wrapped, plain)
         assert len(plain_set.calls) == 7
-        assert sorted(wrapped_set.calls) == sorted(plain_set.calls)
+        # At the grain of samples each batch is read in contiguous chunks, about one a thread.
+        assert all(is_slice_of_one(call, plain_set.calls) for call in wrapped_set.calls)
+        assert sorted(i for call in wrapped_set.calls for i in call) == sorted(range(26))
         assert wrapped_set.reads == []  # __getitem__ never called
+
+    @pytest.mark.parametrize("threads", [1, 3])
+    def test_getitems_sees_whole_batches_at_batch_grain(self, threads: int) -> None:
+        """With fetch_grain="batch", __getitems__ gets exactly the DataLoader's batches."""
+        plain_set, wrapped_set = WithGetItems(26), WithGetItems(26)
+        torch.manual_seed(8)
+        plain = list(DataLoader(plain_set, batch_size=4, shuffle=True))
+        torch.manual_seed(8)
+        loader = DataLoader(wrapped_set, batch_size=4, shuffle=True)
+        wrapped = list(BackgroundLoader(loader, fetch_threads=threads, fetch_grain="batch"))
+        assert_same_batches(wrapped, plain)
+        assert sorted(wrapped_set.calls) == sorted(plain_set.calls)
+
+    def test_getitems_chunks_one_per_thread(self) -> None:
+        """At the grain of samples a batch of 12 over 3 threads is read in 3 chunks of 4."""
+        dataset = WithGetItems(24)
+        wrapped = list(BackgroundLoader(DataLoader(dataset, batch_size=12), fetch_threads=3))
+        assert_same_batches(wrapped, list(DataLoader(WithGetItems(24), batch_size=12)))
+        chunks = sorted(tuple(call) for call in dataset.calls)
+        assert chunks == [tuple(range(s, s + 4)) for s in range(0, 24, 4)]
 
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
     def test_set_epoch_reshuffles_a_distributed_sampler(self, threads: int) -> None:

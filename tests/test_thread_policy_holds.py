@@ -134,11 +134,12 @@ class Sleepy(Dataset[torch.Tensor]):
 
 
 class TestWithBackgroundLoader:
-    """``fetch_threads="auto"`` over a DataLoader is bounded by its batches per epoch."""
+    """At the grain of batches ``fetch_threads="auto"`` is bounded by the batches per epoch."""
 
     def test_auto_stays_within_the_epoch(self) -> None:
         """Three batches an epoch, the loop only waiting: auto grows to 3, never to 8."""
-        loader = BackgroundLoader(DataLoader(Sleepy(), batch_size=2), fetch_threads="auto")
+        data = DataLoader(Sleepy(), batch_size=2)
+        loader = BackgroundLoader(data, fetch_threads="auto", fetch_grain="batch")
         peaks, events = [], []
         for _ in range(14):  # windows of 8 batches span epochs of 3
             assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5]]

@@ -155,8 +155,11 @@ class LoaderStats:
     With parallel fetch (``fetch_threads``) it also reports the threads:
     ``fetch_threads`` (now) and ``peak_fetch_threads``, ``thread_events``
     (each change of ``fetch_threads="auto"`` and why), ``fetch_seconds``
-    (seconds each thread spent reading samples, one entry per thread started)
-    and ``collate_seconds`` (all threads, in ``collate_fn``).
+    (seconds each thread spent reading samples, one entry per thread started),
+    ``fetch_reads`` (reads each thread made: samples, or ``__getitems__``
+    chunks), ``collate_seconds`` (all threads, in ``collate_fn``) and
+    ``peak_samples`` (most samples drawn and not yet collated at once: the
+    batches being read at the grain of samples).
 
     ``parallel_fetch_available`` is true when a ``BackgroundLoader`` read a
     map-style ``DataLoader`` with ``num_workers=0`` in one thread, so
@@ -191,6 +194,8 @@ class LoaderStats:
     thread_events: list[ThreadEvent] = dataclasses.field(default_factory=list)
     fetch_seconds: list[float] = dataclasses.field(default_factory=list)
     collate_seconds: float = 0.0
+    fetch_reads: list[int] = dataclasses.field(default_factory=list)
+    peak_samples: int = 0
     parallel_fetch_available: bool = False
     last_handoff: float | None = None  # perf_counter() at the latest hand-off (see elapsed)
 

@@ -156,6 +156,7 @@ class LoaderWrapper:
         self._epoch: EpochRecord | None = None  # the latest iter()'s (None: read the loader)
         self._epochs = OpenEpochs()
         self._newest_idle: weakref.ref[EpochIterator[Any]] | None = None  # see _settle
+        self._created = self._started = 0  # iter() calls; the newest that started (_begin)
         self._sharding_checked = False  # looked for a DataLoader that every rank reads whole
         self._preparation_due = True  # look once for a DataLoader accelerate did not prepare
         self._warned_used_up = False
@@ -168,7 +169,8 @@ class LoaderWrapper:
     def __iter__(self) -> EpochIterator[Any]:
         """Return an idle epoch: nothing runs until its first ``next()`` (see ``_begin``)."""
         iterator = self._idle_epoch()
-        defer_start(iterator, self._begin)
+        self._created += 1
+        defer_start(iterator, partial(self._begin, serial=self._created))
         self._newest_idle = weakref.ref(iterator)
         return iterator
 
@@ -184,8 +186,12 @@ class LoaderWrapper:
         if iterator is not None:
             start_if_idle(iterator)
 
-    def _begin(self, iterator: EpochIterator[Any]) -> None:
-        """Start ``iterator``'s epoch: the one place that opens epochs (its first ``next()``)."""
+    def _begin(self, iterator: EpochIterator[Any], serial: int = 0) -> None:
+        """Start ``iterator``'s epoch: the one place that opens epochs (its first ``next()``).
+
+        ``serial`` numbers the ``iter()`` calls: over a source with one position, an
+        iterator whose first ``next()`` comes after a newer one started raises.
+        """
         if not self._sharding_checked and distributed_world() > 1:
             self._sharding_checked = True
             warn_if_unsharded(self._loader, type(self).__name__)
@@ -198,6 +204,12 @@ class LoaderWrapper:
             # Before iter(loader): persistent workers reset the iterator an older
             # epoch's thread may still be reading.
             why = f"a newer iter() of this {type(self).__name__} stopped it: {reason}"
+            if serial < self._started:
+                msg = (
+                    f"a newer iter() of this {type(self).__name__} started before this "
+                    f"iterator's first next(): {reason}"
+                )
+                raise RuntimeError(msg)
             self._epochs.stop_all(reason=why, wait=True)
             last = self._epochs.last
             used_up = last is not None and last.source_ended
@@ -206,6 +218,7 @@ class LoaderWrapper:
                 warn_consumed(type(self).__name__, loader)
         else:
             self._epochs.forget_dropped()
+        self._started = max(self._started, serial)
         source = iter(loader)
         if isinstance(source, EpochIterator):  # a wrapper below starts now too, on this thread
             start_if_idle(source)

@@ -70,12 +70,14 @@ import itertools
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from prefetch._shared.epoch import EpochRecord
 from prefetch._shared.profiling import profiling, span
 from prefetch._threads.fetch_info import enter_fetch_thread, leave_fetch_thread
 from prefetch._threads.messages import ERROR, STOPPED_RUN, Final, Message, Run, Snapshot
 from prefetch._threads.producers import Held, draw_runs, fetch_in_parallel
+from prefetch._threads.sample_fetch import fetch_samples
 from prefetch._threads.tasks import ProducerSpec, Tasks
 from prefetch._threads.timeout import Timeout
 
@@ -152,6 +154,7 @@ class Engine:
         self._final: Final | None = None
         self._threads: list[threading.Thread] = []
         self._indices: set[int] = set()  # thread indices in use (see fetch_info)
+        self._sample_grain = bool(getattr(tasks, "sample_grain", False))  # see _limit
 
     # -- the consumer's side --------------------------------------------------
 
@@ -359,7 +362,10 @@ class Engine:
                 enter_fetch_thread(index, self.spec.seed, self.thread_count)
             if self.spec.setup is not None:
                 self.spec.setup()
-            produce = fetch_in_parallel if self.tasks.parallel else draw_runs
+            if self._sample_grain:
+                produce = fetch_samples
+            else:
+                produce = fetch_in_parallel if self.tasks.parallel else draw_runs
             final = produce(self, held)
         except BaseException as error:  # our own failure: handed over, never dropped
             final = Final(self.next_seq, Message(ERROR, error, None))
@@ -377,6 +383,10 @@ class Engine:
         return self._ended or self.stopped
 
     def _limit(self) -> int:
+        # Each thread may hold a batch besides the depth ready ones. At the grain of
+        # samples a batch is drawn only when no unit waits, so the batches being read
+        # are the one being started plus those with a read in progress: one or two,
+        # with small batches up to one per thread (sample_fetch).
         return self._depth + self._threads_wanted - 1
 
     def _free(self) -> int:
@@ -398,12 +408,22 @@ class Engine:
             room = max(room, 1)  # one item always flows
         return max(min(free, room), 0)
 
-    def take_tickets(self, held: Held, most: int) -> int:
-        """Wait for free tickets and take up to ``most``; 0: the thread is to leave instead."""
+    def take_tickets(
+        self, held: Held, most: int, *, unless: Callable[[], bool] | None = None
+    ) -> int:
+        """Wait for free tickets and take up to ``most``; 0: the thread is to leave instead.
+
+        With ``unless``, return -1 (no ticket) as soon as ``unless()`` is true:
+        a sample-grain thread has units to read (:meth:`work_added` wakes it).
+        """
         with self._lock:
             blocked = 0.0
             while True:
-                if self.stopped or self._ended:
+                if self.stopped:
+                    return 0
+                if unless is not None and unless():
+                    return -1
+                if self._ended:
                     return 0
                 if self._threads_staying > self._threads_wanted:  # fewer wanted: this one leaves
                     self._threads_staying -= 1
@@ -493,11 +513,32 @@ class Engine:
             held.tickets += count
             return count
 
+    def work_added(self, samples: int) -> None:
+        """A batch's units were put on the board: wake the threads waiting for tickets."""
+        with self._lock:
+            stats = self.record.stats
+            if samples > stats.peak_samples:
+                stats.peak_samples = samples
+            if self._threads_waiting:
+                self._space.notify_all()
+
+    def account(self, slot: int, seconds: float, cpu: float, *, reads: int = 0) -> None:
+        """Count ``seconds`` (``cpu``) a thread spent without posting (``slot`` -1: drawing)."""
+        with self._lock:
+            stats = self.record.stats
+            stats.source_seconds += seconds
+            if slot >= 0:
+                stats.fetch_seconds[slot] += seconds
+                stats.fetch_reads[slot] += reads
+            self._busy += seconds
+            self._cpu += cpu
+
     def add_fetch_slot(self) -> int:
         """Give a parallel thread its entry in ``stats.fetch_seconds``; return its index."""
         with self._lock:
             fetch_seconds = self.record.stats.fetch_seconds
             fetch_seconds.append(0.0)
+            self.record.stats.fetch_reads.append(0)
             return len(fetch_seconds) - 1
 
     def leave(self, final: Final | None, held: Held) -> None:

@@ -87,3 +87,66 @@ def enter_fetch_thread(index: int, seed: int, count: Callable[[], int]) -> None:
 def leave_fetch_thread() -> None:
     """Mark the calling thread as no fetch thread any more."""
     _local.entry = None
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finalizer: a well-spread 64-bit value from ``value``."""
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EB & _MASK
+    return value ^ (value >> 31)
+
+
+def sample_seed(offset: int = 0) -> int | None:
+    """Return a seed for the sample being read, the same whichever thread reads it.
+
+    It depends only on the epoch's base seed (:attr:`FetchInfo.seed`, what
+    the DataLoader drew at ``iter()``: ``torch.manual_seed`` or the loader's
+    ``generator`` fix it) and the sample's place in the epoch (its batch's
+    number and its position in the batch), so two seeded runs draw the same
+    random numbers for each sample with any ``fetch_threads``. Seed a
+    generator of your own with it in ``__getitem__``; the global RNGs
+    (``torch.rand``, ``random``, torchvision's random transforms) are shared
+    by the threads and cannot repeat. In ``__getitems__``, ``offset`` gives
+    the seed of the chunk's sample at that offset. ``None`` outside the
+    reads of ``BackgroundLoader(..., fetch_threads=...)``: in a plain
+    ``DataLoader``, seed per worker as torch documents.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, Dataset
+        >>> from prefetch import BackgroundLoader, sample_seed
+        >>> class Noisy(Dataset):
+        ...     def __len__(self): return 8
+        ...     def __getitem__(self, i):
+        ...         generator = torch.Generator().manual_seed(sample_seed())
+        ...         return torch.rand((), generator=generator)
+        >>> def epoch(threads):
+        ...     torch.manual_seed(0)
+        ...     loader = BackgroundLoader(DataLoader(Noisy(), batch_size=4), fetch_threads=threads)
+        ...     return torch.cat(list(loader))
+        >>> torch.equal(epoch(1), epoch(3))
+        True
+        >>> sample_seed() is None
+        True
+    """
+    place: tuple[int, int] | None = getattr(_local, "sample", None)
+    entry = getattr(_local, "entry", None)
+    if place is None or entry is None:
+        return None
+    batch, position = place
+    seed = _mix(entry[1] & _MASK)
+    seed = _mix(seed ^ (batch & _MASK))
+    return _mix(seed ^ ((position + offset) & _MASK)) >> 1  # fits manual_seed and numpy
+
+
+def enter_sample(batch: int, position: int) -> None:
+    """Mark the calling fetch thread as reading the sample at ``position`` of batch ``batch``."""
+    _local.sample = (batch, position)
+
+
+def leave_sample() -> None:
+    """Mark the calling fetch thread as between reads."""
+    _local.sample = None

@@ -28,7 +28,10 @@ storage 97% of the time keep every core busy at this many."""
 
 
 def thread_control(
-    loader: Any, fetch_threads: int | Literal["auto"] | None, max_bytes: int | None
+    loader: Any,
+    fetch_threads: int | Literal["auto"] | None,
+    max_bytes: int | None,
+    grain: str = "sample",
 ) -> Control:
     """The thread count of a ``BackgroundLoader`` (checked ``fetch_threads``): fixed or adaptive.
 
@@ -36,6 +39,8 @@ def thread_control(
     is bounded by the loader's batches per epoch and ``max_bytes``.
     """
     if fetch_threads == "auto":
+        if grain == "sample":  # threads share each batch: neither bound applies
+            return ThreadPolicy(sample_grain=True)
         return ThreadPolicy(max_bytes=max_bytes, batches=epoch_batches(loader))
     if fetch_threads is None:
         return Fixed(THREADS, 1)
@@ -115,3 +120,28 @@ def check_thread_init_fn(init: object, fetch_threads: object, owner: str) -> Non
             "items; set it up with num_threads=, or in the loader itself)"
         )
         raise ValueError(msg)
+
+
+GRAINS = ("sample", "batch")
+"""What a fetch thread reads at a time: one sample (or chunk), or a whole batch."""
+
+
+def check_fetch_grain(grain: object, fetch_threads: object, owner: str) -> str:
+    """Return a valid ``fetch_grain``; refuse another value, or ``"batch"`` without fetch threads.
+
+    Example:
+        >>> check_fetch_grain("samples", 4, "BackgroundLoader")
+        Traceback (most recent call last):
+        ...
+        ValueError: BackgroundLoader(fetch_grain=...) expects 'sample' or 'batch', got 'samples'
+    """
+    if not isinstance(grain, str) or grain not in GRAINS:
+        msg = f"{owner}(fetch_grain=...) expects 'sample' or 'batch', got {grain!r:.60}"
+        raise ValueError(msg)
+    if grain != "sample" and fetch_threads is None:
+        msg = (
+            f"{owner}(fetch_grain={grain!r}) sets how fetch threads split the reads, so it "
+            "needs fetch_threads=N or 'auto', got fetch_threads=None"
+        )
+        raise ValueError(msg)
+    return grain

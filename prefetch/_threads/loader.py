@@ -40,7 +40,12 @@ from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, QUICK_MAX_DEPTH, DepthPolicy
 from prefetch._threads.engine import Engine
 from prefetch._threads.fetch_info import call_thread_init
-from prefetch._threads.fetch_options import check_thread_init_fn, fetchable, thread_control
+from prefetch._threads.fetch_options import (
+    check_fetch_grain,
+    check_thread_init_fn,
+    fetchable,
+    thread_control,
+)
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.keywords import explain_keywords
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
@@ -131,6 +136,14 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             raises :class:`~prefetch.LoaderTimeoutError` (a ``TimeoutError`` and
             a ``RuntimeError``) and the epoch is over. ``None`` or ``0`` (the
             default): no limit.
+        fetch_grain: How fetch threads share the reads. ``"sample"`` (the
+            default): the samples of each batch are read by whichever
+            threads are free, and ``collate_fn`` runs once all are in, so
+            the first batch comes after about ``batch_size / fetch_threads``
+            reads; a dataset with ``__getitems__`` gets contiguous chunks, one
+            per thread. ``"batch"``: each thread reads a whole batch, as a
+            worker process does: for a ``__getitems__`` that must see the
+            whole batch at once.
 
     DataLoader arguments (``num_workers``, ``batch_size``, ``shuffle``,
     ``prefetch_factor``, ...) belong to the ``DataLoader`` you wrap; passing
@@ -160,6 +173,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         fetch_threads: int | Literal["auto"] | None = None,
         thread_init_fn: Callable[[int], object] | None = None,
         timeout: float | None = None,
+        fetch_grain: Literal["sample", "batch"] = "sample",
     ) -> None:
         check_iterable(loader, "BackgroundLoader")
         inner = consumer_thread_wrapper(loader)
@@ -204,10 +218,13 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         if fetch_threads is not None:
             check_parallel_loader(loader, "BackgroundLoader")
         check_thread_init_fn(thread_init_fn, fetch_threads, "BackgroundLoader")
+        self._fetch_grain = check_fetch_grain(fetch_grain, fetch_threads, "BackgroundLoader")
         self._timeout = check_timeout(timeout, "BackgroundLoader")
         check_dataloader_timeout(loader, "BackgroundLoader")
         available = fetch_threads is None and fetchable(loader)
-        self._threads = thread_control(loader, self._fetch_threads, self._max_bytes)
+        self._threads = thread_control(
+            loader, self._fetch_threads, self._max_bytes, self._fetch_grain
+        )
         self._thread_init_fn = thread_init_fn
         super().__init__(loader)
         self._parallel_fetch_available = available  # the summary's advice may name it
@@ -271,7 +288,8 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         if self._fetch_threads is None:
             tasks = IteratorTasks(source, owned=source is not self._loader)
         else:
-            tasks = sampler_tasks(cast("DataLoader[T]", self._loader), source, "BackgroundLoader")
+            loader = cast("DataLoader[T]", self._loader)
+            tasks = sampler_tasks(loader, source, "BackgroundLoader", self._fetch_grain)
         return Engine(
             tasks,
             producer,

@@ -26,6 +26,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from prefetch._shared.epoch import release_source
+from prefetch._threads.fetch_info import enter_sample, leave_sample
+from prefetch._threads.sample_board import Reading, SampleBoard
 
 
 class _Indices:
@@ -44,12 +46,20 @@ class _Indices:
 class SamplerTasks:
     """Tasks of a map-style DataLoader: draw indices in order, read and collate in parallel.
 
-    Made by :func:`sampler_tasks`.
+    Made by :func:`sampler_tasks`. At the grain of batches (``grain="batch"``)
+    a thread runs a whole batch (:meth:`run`); at the grain of samples, the
+    default, a drawn batch is planned as units on the :attr:`board`
+    (:meth:`plan`), read by any thread (:meth:`read`) and collated once all
+    are in (:meth:`join`); see :mod:`prefetch._threads.sample_fetch`.
     """
 
     parallel = True
 
-    def __init__(self, loader: DataLoader[Any], iterator: Iterator[Any]) -> None:
+    def __init__(
+        self, loader: DataLoader[Any], iterator: Iterator[Any], grain: str = "sample"
+    ) -> None:
+        self.sample_grain = grain == "sample"
+        self.board = SampleBoard()
         self._iterator = iterator
         self._dataset = loader.dataset
         self._collate = loader.collate_fn
@@ -60,24 +70,83 @@ class SamplerTasks:
         self._pin_device = getattr(iterator, "_pin_memory_device", None)
 
     def draw(self) -> Any:
-        """Return the next batch's indices (the DataLoader's ``next()``, without the reads)."""
-        return next(self._iterator)
+        """Return the next batch's indices (the DataLoader's ``next()``, without the reads).
+
+        At the grain of batches, with the batch's number in the epoch (for :meth:`run`).
+        """
+        task = next(self._iterator)
+        if self.sample_grain:
+            return task
+        return self._number(-1), task
+
+    def _number(self, seq: int) -> int:
+        """The number in the epoch of the batch just drawn (it resumes with the loader)."""
+        return int(getattr(self._iterator, "_num_yielded", seq + 1)) - 1
 
     def run(self, task: Any) -> tuple[Any, float]:
         """Read the samples of ``task`` and collate them; return the batch and collate time."""
+        number, indices = task
         dataset = self._dataset
-        if self._getitems is not None:
-            data = self._getitems(task)
-        elif self._batched:
-            data = [dataset[index] for index in task]
-        else:
-            data = dataset[task]
+        try:
+            enter_sample(number, 0)
+            if self._getitems is not None:
+                data = self._getitems(indices)
+            elif self._batched:
+                data = []
+                for position, index in enumerate(indices):
+                    enter_sample(number, position)
+                    data.append(dataset[index])
+            else:
+                data = dataset[indices]
+        finally:
+            leave_sample()
         started = time.perf_counter()
         batch = self._collate(data)
         collated = time.perf_counter() - started
         if self._pin:  # as the DataLoader pins its batches
             batch = pin_memory(batch, self._pin_device)  # type: ignore[no-untyped-call]
         return batch, collated
+
+    def plan(self, seq: int, task: Any, state: Any, threads: int) -> Reading:
+        """Split a drawn batch into units: a sample each, or ``threads`` chunks (__getitems__)."""
+        number = self._number(seq)
+        if not self._batched:
+            return Reading(seq, number, [task], [0], 1, state)
+        indices = list(task)
+        if self._getitems is None:
+            return Reading(seq, number, indices, list(range(len(indices))), len(indices), state)
+        size = max(1, -(-len(indices) // max(1, threads)))
+        starts = list(range(0, len(indices), size))
+        units = [indices[start : start + size] for start in starts]
+        return Reading(seq, number, units, starts, len(indices), state)
+
+    def read(self, batch: Reading, unit: int) -> Any:
+        """Read one unit of ``batch`` (any thread), with its samples' seeds in reach."""
+        index = batch.units[unit]
+        enter_sample(batch.number, batch.starts[unit])
+        try:
+            if self._getitems is not None:
+                return self._getitems(index)
+            return self._dataset[index]
+        finally:
+            leave_sample()
+
+    def join(self, batch: Reading) -> tuple[Any, float]:
+        """Collate a complete batch's units in order (and pin it); return it and collate time."""
+        parts = batch.parts
+        if not self._batched:
+            data = parts[0]
+        elif self._getitems is not None:
+            data = [sample for part in parts for sample in part]
+        else:
+            data = parts
+        batch.parts = []
+        started = time.perf_counter()
+        item = self._collate(data)
+        collated = time.perf_counter() - started
+        if self._pin:
+            item = pin_memory(item, self._pin_device)  # type: ignore[no-untyped-call]
+        return item, collated
 
     def release(self) -> None:
         """Release the DataLoader's iterator (no worker processes: nothing to stop)."""
@@ -149,7 +218,9 @@ def _own_iteration(kind: type) -> str | None:
     return None
 
 
-def sampler_tasks(loader: DataLoader[Any], iterator: Iterator[Any], caller: str) -> SamplerTasks:
+def sampler_tasks(
+    loader: DataLoader[Any], iterator: Iterator[Any], caller: str, grain: str = "sample"
+) -> SamplerTasks:
     """Return the parallel-fetch tasks of ``loader`` (checked), whose ``iter()`` gave ``iterator``.
 
     Raises:
@@ -164,4 +235,4 @@ def sampler_tasks(loader: DataLoader[Any], iterator: Iterator[Any], caller: str)
         )
         raise TypeError(msg)
     iterator._dataset_fetcher = _Indices(fetcher)  # type: ignore[attr-defined]
-    return SamplerTasks(loader, iterator)
+    return SamplerTasks(loader, iterator, grain)

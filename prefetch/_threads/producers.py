@@ -142,6 +142,14 @@ def _per_post(seconds: float, items: int) -> int:
     return max(1, int(POST_AFTER * items / seconds))
 
 
+def draw_task(tasks: Any) -> Any:
+    """Draw the next task of ``tasks`` (within a profiler span while profiling)."""
+    if profiling():
+        with span("prefetch.fetch"):
+            return tasks.draw()
+    return tasks.draw()
+
+
 def fetch_in_parallel(engine: Engine, held: Held) -> Final | None:
     """Draw, run and post one task at a time, beside the engine's other threads.
 
@@ -164,11 +172,7 @@ def fetch_in_parallel(engine: Engine, held: Held) -> Final | None:
             seq = engine.next_seq
             engine.next_seq = seq + 1
             try:
-                if profiling():
-                    with span("prefetch.fetch"):
-                        task = tasks.draw()
-                else:
-                    task = tasks.draw()
+                task = draw_task(tasks)
             except StopIteration:
                 engine.end(source_ended=True)
                 state = read_state() if read_state is not None else None

@@ -88,6 +88,9 @@ WINDOW_ROUNDS = 2
 """Batches per thread in a window."""
 MIN_WINDOW_ITEMS = 8
 """Fewest batches in a window."""
+SAMPLE_WINDOW_ITEMS = 2
+"""Batches in a window at the grain of samples: every thread works on each batch, so
+there are no rounds to fill, and a fresh loader ramps within its first 20 batches."""
 MIN_WINDOW_SECONDS = 0.05
 """Shortest window: switch intervals and timer noise are milliseconds."""
 
@@ -207,8 +210,10 @@ class ThreadPolicy(AdaptivePolicy):
         max_bytes: int | None = None,
         start: int | None = None,
         batches: int | None = None,
+        sample_grain: bool = False,
     ) -> None:
         owner = "ThreadPolicy"
+        self._rounds = not sample_grain  # a thread reads a whole batch: windows in rounds
         most = check_count(DEFAULT_MAX_THREADS if maximum is None else maximum, "maximum", owner)
         first = START_THREADS if start is None else check_count(start, "start", owner)
         self.batches = None if batches is None else check_count(batches, "batches", owner)
@@ -224,7 +229,7 @@ class ThreadPolicy(AdaptivePolicy):
     def _start_epoch_marks(self) -> None:
         self._mark: Window | None = None  # the report the window began at (None: settling)
         self._last: Window | None = None
-        self._settle_until = self.value  # the first batch always waits; rounds fill
+        self._settle_until = self.value if self._rounds else 1  # the first batch always waits
 
     def start_epoch(self, stats: LoaderStats) -> None:
         """Begin an epoch whose stats receive the count and its changes.
@@ -275,7 +280,10 @@ class ThreadPolicy(AdaptivePolicy):
                 self._mark = point
             return None
         window = mark.to(point, self._carry)
-        enough = max(MIN_WINDOW_ITEMS, WINDOW_ROUNDS * self.value)
+        if self._rounds:
+            enough = max(MIN_WINDOW_ITEMS, WINDOW_ROUNDS * self.value)
+        else:
+            enough = SAMPLE_WINDOW_ITEMS
         if window.items < enough or window.seconds < MIN_WINDOW_SECONDS:
             return None
         self._mark, self._carry = point, _NOTHING
@@ -363,7 +371,7 @@ class ThreadPolicy(AdaptivePolicy):
         return min(bounds, key=lambda bound: bound[0])
 
     def _byte_bound(self, largest_item: int) -> int | None:
-        if self.max_bytes is None or largest_item <= 0:
+        if self.max_bytes is None or largest_item <= 0 or not self._rounds:
             return None
         return max(1, self.max_bytes // largest_item)
 
@@ -378,7 +386,7 @@ class ThreadPolicy(AdaptivePolicy):
         old = self.value
         super()._change(new, reason)
         self._mark, self._carry = None, _NOTHING  # measure afresh once the new count settled
-        self._settle_until = self._items + max(old, new)
+        self._settle_until = self._items + (max(old, new) if self._rounds else 1)
         return new
 
 
