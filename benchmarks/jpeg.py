@@ -42,6 +42,7 @@ from benchmarks.jpeg_variants import (
     BATCH,
     LABELS,
     LATENCY,
+    QUICK_BATCH,
     SETTINGS,
     Variant,
     available,
@@ -110,7 +111,8 @@ def _row(samples: dict[str, list[Measure]], variant: Variant, reason: str) -> Ro
 
 def run(config: Config) -> WorkloadResult:
     """Write the JPEGs, run every variant interleaved, and report; see the module docstring."""
-    count = config.size(512, 128)
+    count = config.size(512, 24)
+    batch = config.size(BATCH, QUICK_BATCH)
     variants = plan(config)
     reasons = {variant.name: available(variant.method) for variant in variants}
     repeats = min(config.repeats, 3)
@@ -121,7 +123,7 @@ def run(config: Config) -> WorkloadResult:
                 "workload": "jpeg",
                 "method": variant.method,
                 "concurrency": variant.concurrency,
-                "batch_size": BATCH,
+                "batch_size": batch,
                 "folder": folder,
                 "count": count,
                 "latency": SETTINGS[variant.setting],
@@ -139,7 +141,7 @@ def run(config: Config) -> WorkloadResult:
         description=(
             f"{count} JPEG files ({WIDTH}x{HEIGHT}, quality 90, written at bench time), each "
             f"read, decoded with PIL, resized to {SIDE}x{SIDE} and made a uint8 tensor; batches "
-            f"of {BATCH} collated with default_collate; no training step (pure loading). "
+            f"of {batch} collated with default_collate; no training step (pure loading). "
             f"'local': files in the page cache; 'latency': each read first sleeps "
             f"{LATENCY * 1e3:.0f} ms. One epoch per run, in a fresh process, timed from building "
             "the loader (worker, thread and pipeline start-up included) to the last batch. "
@@ -153,7 +155,7 @@ def run(config: Config) -> WorkloadResult:
         baseline=Variant("local", "dataloader", 2).name,
         params={
             "images": count,
-            "batch_size": BATCH,
+            "batch_size": batch,
             "latency_ms": LATENCY * 1e3,
             "repeats": repeats,
         },

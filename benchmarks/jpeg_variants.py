@@ -24,6 +24,7 @@ __all__ = [
     "LATENCY",
     "NOISE",
     "QUICK",
+    "QUICK_BATCH",
     "SETTINGS",
     "Variant",
     "available",
@@ -34,6 +35,8 @@ LATENCY = 0.020
 """Seconds each read sleeps in the ``latency`` setting."""
 SETTINGS = {"local": 0.0, "latency": LATENCY}
 BATCH = 64
+"""Images per batch: what people train with (a quick run uses :data:`QUICK_BATCH`)."""
+QUICK_BATCH = 8
 NOISE = 0.05
 """'Within noise' for the equal-concurrency comparisons: a ratio >= 1 - NOISE passes."""
 LABELS = {
