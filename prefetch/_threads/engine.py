@@ -513,6 +513,15 @@ class Engine:
             held.tickets += count
             return count
 
+    def give_back_ticket(self, held: Held) -> None:
+        """Return one ticket ``held`` took and did not use (a sample-grain thread reads instead)."""
+        with self._lock:
+            self._in_flight -= 1
+            self._unposted -= 1
+            held.tickets -= 1
+            if self._threads_waiting:
+                self._space.notify_all()
+
     def work_added(self, samples: int) -> None:
         """A batch's units were put on the board: wake the threads waiting for tickets."""
         with self._lock:

@@ -48,6 +48,9 @@ def fetch_samples(engine: Engine, held: Held) -> Final | None:
         while not engine.stopped:
             work = board.take()
             if work is not None:
+                if ticket:  # it would wait unused while this thread reads: let another draw
+                    engine.give_back_ticket(held)
+                    ticket = 0
                 batch, unit = work
                 final = _read(engine, tasks, batch, unit, held, slot)
                 if final is not None:
