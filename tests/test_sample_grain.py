@@ -8,6 +8,7 @@ stay the DataLoader's.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Any
 
@@ -96,12 +97,25 @@ class TestSameBatches:
         assert_same_batches(wrapped, seeded(DataLoader(Values(200), batch_size=16, shuffle=True)))
 
     def test_every_thread_reads_each_batch(self) -> None:
-        """With slow reads a batch of 16 is shared by 4 threads, and fetch_reads counts them."""
-        data = Values(64, delays={i: 0.005 for i in range(64)})
-        loader = BackgroundLoader(DataLoader(data, batch_size=16), fetch_threads=4)
-        list(loader)
-        readers = {name for index, name in data.reads if index < 16}
-        assert len(readers) >= 3  # threads start as they are scheduled: most join batch 0
+        """A batch of 16 is read by 3 threads at once (whole batches per thread could not)."""
+        readers: set[str] = set()
+        lock, met = threading.Lock(), threading.Event()
+
+        class Meeting(Values):
+            """Reads of batch 0 wait (10 s at most) until 3 threads are inside one."""
+
+            def __getitem__(self, index: int) -> Any:
+                if index < 16:
+                    with lock:
+                        readers.add(threading.current_thread().name)
+                        if len(readers) >= 3:
+                            met.set()
+                    met.wait(10.0)
+                return super().__getitem__(index)
+
+        loader = BackgroundLoader(DataLoader(Meeting(64), batch_size=16), fetch_threads=4)
+        assert len(list(loader)) == 4
+        assert met.is_set(), f"batch 0 was read by {sorted(readers)} only"
         assert sum(loader.stats.fetch_reads) == 64
         assert len(loader.stats.fetch_reads) == 4
 
