@@ -1,11 +1,14 @@
 """Shared fixtures: every test must leave no ``prefetch-`` thread behind.
 
 On a free-threaded Python the GIL must stay off while the tests run (``gil.py``).
+SIGINT is handled as in a terminal, even when the run was started as a shell's
+background job.
 """
 
 from __future__ import annotations
 
 import gc
+import signal
 import time
 from collections.abc import Iterator
 
@@ -20,6 +23,12 @@ from .gil import (  # noqa: F401  (hooks and a fixture, found by name)
 from .processes import prefetch_threads
 
 LEAK_GRACE_SECONDS = 3.0
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # A non-interactive shell's background job (`make stress-ft &`) starts with SIGINT
+    # ignored, and Python then installs no handler: _thread.interrupt_main() does
+    # nothing and the Ctrl-C tests' scripts (which inherit it) ignore their SIGINTs.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

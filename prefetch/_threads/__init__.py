@@ -14,4 +14,6 @@
 * :mod:`.policy`: the shape both self-tuning policies share;
   :mod:`.depth_policy` (``depth="auto"``) and :mod:`.thread_policy`
   (``fetch_threads="auto"``): their rules.
+* :mod:`.torch_guard`: with the GIL off, one lock around torch's record of
+  DataLoader worker pids (a prefetch thread and the main thread both use it).
 """

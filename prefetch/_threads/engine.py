@@ -14,10 +14,12 @@ Invariants (every change here must keep them):
   fields without it, as hints only: ``consumer_waiting`` (whether to post
   now) and ``stopped`` (whether to draw again); a stale hint delays a post
   or a stop by one item, never loses one. Nothing relies on the GIL
-  (free-threaded Python runs this as is). ``_draw_lock`` orders parallel
-  draws; it is taken before ``_lock``, never while holding it. The lock is
-  re-entrant so that a finalizer calling :meth:`stop` during garbage
-  collection on a thread that holds it cannot deadlock.
+  (free-threaded Python runs this as is; torch's own record of DataLoader
+  worker pids did, and :mod:`prefetch._threads.torch_guard` locks it).
+  ``_draw_lock`` orders parallel draws; it is taken before ``_lock``,
+  never while holding it. The lock is re-entrant so that a finalizer
+  calling :meth:`stop` during garbage collection on a thread that holds it
+  cannot deadlock.
 * **Order.** Each item, and each error, takes the next sequence number in
   draw order; runs are posted under the number of their first entry and
   handed over in number order, whichever thread finishes first. So items

@@ -53,6 +53,7 @@ from prefetch._threads.policy import DEPTH, Control, Fixed
 from prefetch._threads.sampler_seed import start_sampler_here
 from prefetch._threads.tasks import IteratorTasks, ProducerSpec, Tasks
 from prefetch._threads.timeout import Timeout, check_dataloader_timeout
+from prefetch._threads.torch_guard import guard_worker_pids
 
 DEFAULT_MAX_BYTES = 1 << 30
 """Default ceiling on tensor bytes buffered with ``depth="auto"`` (1 GiB)."""
@@ -226,6 +227,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             loader, self._fetch_threads, self._max_bytes, self._fetch_grain
         )
         self._thread_init_fn = thread_init_fn
+        guard_worker_pids()  # GIL off: torch's worker-pid map, before an epoch can use it
         super().__init__(loader)
         self._parallel_fetch_available = available  # the summary's advice may name it
         self._preparation_due = fetch_threads is None  # fetch_threads reads unprepared loaders
