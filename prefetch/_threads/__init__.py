@@ -9,7 +9,9 @@
   :mod:`.parallel_fetch`: a DataLoader's batches read in several threads;
   :mod:`.sampler_seed`: a seeded shuffle started on the caller's thread;
   :mod:`.fetch_options`: the ``fetch_threads`` ceilings and ``thread_init_fn``;
-  :mod:`.fetch_info`: what a fetch thread knows about itself.
+  :mod:`.fetch_info`: what a fetch thread knows about itself;
+  :mod:`.allocator`: freed tensor memory goes back to the system while fetch
+  threads run.
 * :mod:`.timeout`: ``timeout=``, the loop's longest wait, and its error.
 * :mod:`.policy`: the shape both self-tuning policies share;
   :mod:`.depth_policy` (``depth="auto"``) and :mod:`.thread_policy`

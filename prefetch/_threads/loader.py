@@ -37,6 +37,7 @@ from prefetch._shared.pinning import (
 )
 from prefetch._shared.stacking import consumer_thread_wrapper
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
+from prefetch._threads.allocator import return_freed_memory
 from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, QUICK_MAX_DEPTH, DepthPolicy
 from prefetch._threads.engine import Engine
 from prefetch._threads.fetch_info import call_thread_init
@@ -292,6 +293,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         else:
             loader = cast("DataLoader[T]", self._loader)
             tasks = sampler_tasks(loader, source, "BackgroundLoader", self._fetch_grain)
+            return_freed_memory()  # arenas of fetch threads keep what they free (allocator)
         return Engine(
             tasks,
             producer,

@@ -1,0 +1,153 @@
+"""The resident set stays near ``max_bytes`` with fetch threads (``prefetch._threads.allocator``).
+
+glibc's dynamic mmap threshold let each fetch thread's arena keep the tensors
+it once held: 4 threads, 16 MiB batches and ``max_bytes=64 MiB`` grew the
+resident set by about 300 MiB. The bound the guide states is ``max_bytes``
+plus four batches at the grain of samples (the two a ``for`` loop holds at a
+hand-off, up to two being collated, each briefly both its samples and the
+batch), and two plus one per thread at the grain of batches. The growth is
+measured in a fresh process, from ``/proc/self/statm`` sampled every 2 ms.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from prefetch._threads import allocator
+
+from .subprocesses import ROOT, subprocess_env
+
+pytestmark = pytest.mark.timeout(120)
+
+MiB = 1 << 20
+SLACK_MIB = 16
+"""Room for what is neither tensor nor buffer: thread stacks touched, Python objects."""
+
+RSS_SCRIPT = """
+    import sys, threading, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from prefetch import BackgroundLoader
+
+    torch.set_num_threads(1)
+    MiB = 1 << 20
+    SAMPLE, BATCH, THREADS, BUDGET, GRAIN = 1 * MiB, 16, 4, 64 * MiB, sys.argv[1]
+
+    class Ones(Dataset):
+        def __len__(self):
+            return 48 * BATCH
+
+        def __getitem__(self, index):
+            time.sleep(0.002)  # a read that lets the threads overlap
+            return torch.full((SAMPLE // 4,), float(index))
+
+    def resident():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096
+
+    loader = BackgroundLoader(
+        DataLoader(Ones(), batch_size=BATCH), fetch_threads=THREADS, max_bytes=BUDGET,
+        fetch_grain=GRAIN,
+    )
+    base = peak = resident()
+    done = threading.Event()
+
+    def watch():
+        global peak
+        while not done.wait(0.002):
+            peak = max(peak, resident())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    batches = 0
+    for batch in loader:
+        time.sleep(0.02)  # a step slower than loading: the budget fills
+        batches += 1
+    done.set()
+    watcher.join()
+    print("growth", (peak - base) / MiB, "peak_bytes", loader.stats.peak_bytes / MiB, batches)
+"""
+
+
+def growth(grain: str, **env: str) -> tuple[float, float, int]:
+    """Run an epoch in a fresh Python; return RSS growth, peak_bytes (MiB) and batches."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(RSS_SCRIPT), grain],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(**env),
+        cwd=str(ROOT),
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, rss, _, peak_bytes, batches = done.stdout.split()
+    return float(rss), float(peak_bytes), int(batches)
+
+
+needs_glibc = pytest.mark.skipif(
+    sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="needs Linux with glibc"
+)
+
+
+@needs_glibc
+class TestResidentSet:
+    """RSS growth with fetch threads stays within max_bytes plus four batches."""
+
+    @pytest.mark.parametrize(("grain", "batches_over"), [("sample", 4), ("batch", 2 + 4)])
+    def test_growth_within_the_stated_bound(self, grain: str, batches_over: int) -> None:
+        """4 threads, 16 MiB batches, max_bytes 64 MiB: growth <= 64 MiB + the stated batches.
+
+        At the grain of samples four batches; at the grain of batches two and one per
+        thread (each thread may be collating at once).
+        """
+        rss, peak_bytes, batches = growth(grain)
+        assert batches == 48
+        assert peak_bytes <= 64
+        assert rss <= 64 + batches_over * 16 + SLACK_MIB, f"RSS grew {rss:.0f} MiB"
+
+
+class TestReturnFreedMemory:
+    """The threshold is fixed only on glibc and only where the user did not set it."""
+
+    @pytest.fixture
+    def untried(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """As if no fetch-thread epoch had started in this process yet."""
+        monkeypatch.setattr(allocator, "_done", None)
+
+    @pytest.mark.usefixtures("untried")
+    def test_the_users_setting_wins(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With MALLOC_MMAP_THRESHOLD_ in the environment nothing is changed."""
+        monkeypatch.setenv(allocator.USER_SETTING, "1048576")
+        monkeypatch.setattr(allocator.ctypes, "CDLL", pytest.fail)
+        assert allocator.return_freed_memory() is False
+
+    @pytest.mark.usefixtures("untried")
+    def test_not_glibc(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Another C library (musl, macOS, Windows) is left alone."""
+        monkeypatch.delenv(allocator.USER_SETTING, raising=False)
+        monkeypatch.setattr(allocator.platform, "libc_ver", lambda: ("", ""))
+        monkeypatch.setattr(allocator.ctypes, "CDLL", pytest.fail)
+        assert allocator.return_freed_memory() is False
+
+    @needs_glibc
+    @pytest.mark.usefixtures("untried")
+    def test_once_per_process(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """glibc's mallopt is called once, with the fixed threshold; later calls reuse it."""
+        monkeypatch.delenv(allocator.USER_SETTING, raising=False)
+        calls: list[tuple[int, int]] = []
+
+        def mallopt(parameter: int, value: int) -> int:
+            calls.append((parameter, value))
+            return 1
+
+        libc = type("Libc", (), {"mallopt": staticmethod(mallopt)})
+        monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: libc)
+        assert allocator.return_freed_memory() is True
+        assert allocator.return_freed_memory() is True
+        assert calls == [(allocator.M_MMAP_THRESHOLD, allocator.FIXED_THRESHOLD)]
