@@ -85,7 +85,7 @@ class TestOtherKeywords:
         message = refusal(colour="blue")
         assert message.endswith("it takes loader, depth, max_depth, max_bytes, pin_memory, "
                                 "num_threads, fetch_threads, thread_init_fn, timeout, "
-                                "fetch_grain")  # fmt: skip
+                                "fetch_grain, in_order")  # fmt: skip
 
     def test_max_prefetch_points_to_depth(self) -> None:
         """prefetch_generator's max_prefetch: BackgroundLoader's bound is depth."""

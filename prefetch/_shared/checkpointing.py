@@ -32,10 +32,15 @@ from prefetch._shared.stateful import NotStatefulError, StateUnavailable, read_s
 from prefetch._shared.wrapper import LoaderWrapper
 
 
-def adopt_state(wrapper: LoaderWrapper) -> None:
-    """Decide, when ``wrapper`` is built, whether it checkpoints (see the module)."""
+def adopt_state(wrapper: LoaderWrapper, own_problem: str | None = None) -> None:
+    """Decide, when ``wrapper`` is built, whether it checkpoints (see the module).
+
+    ``own_problem`` is the wrapper's own reason not to, whatever it wraps.
+    """
     inner = wrapper.loader
-    if isinstance(inner, LoaderWrapper):  # a wrapper below knows why already
+    if own_problem is not None:
+        wrapper._state_problem = own_problem
+    elif isinstance(inner, LoaderWrapper):  # a wrapper below knows why already
         wrapper._state_problem = inner._state_problem
     else:
         wrapper._state_problem = state_problem(inner)

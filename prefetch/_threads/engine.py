@@ -24,7 +24,9 @@ Invariants (every change here must keep them):
   draw order; runs are posted under the number of their first entry and
   handed over in number order, whichever thread finishes first. So items
   arrive in source order and an error arrives as the same object after
-  every item drawn before it.
+  every item drawn before it. Out of order (``in_order=False``), every run
+  is handed over once posted, but a final one: it waits until every number
+  before it was taken, and runs numbered after it are never handed over.
 * **Runs.** Threads post :class:`~prefetch._threads.messages.Run` objects:
   one thread over an iterator takes every free ticket at once and posts
   what it drew in one run when its tickets are used up, at an error or the
@@ -77,7 +79,7 @@ from collections.abc import Callable
 from prefetch._shared.epoch import EpochRecord
 from prefetch._shared.profiling import profiling, span
 from prefetch._threads.fetch_info import enter_fetch_thread, leave_fetch_thread
-from prefetch._threads.messages import ERROR, STOPPED_RUN, Final, Message, Run, Snapshot
+from prefetch._threads.messages import END, ERROR, STOPPED_RUN, Final, Message, Run, Snapshot
 from prefetch._threads.producers import Held, draw_runs, fetch_in_parallel
 from prefetch._threads.sample_fetch import fetch_samples
 from prefetch._threads.tasks import ProducerSpec, Tasks
@@ -110,6 +112,7 @@ class Engine:
         probe_first: With no size known, draw one item at a time until one is
             posted (a byte budget the user set is kept from the first item on).
         timeout: The consumer's longest wait for a run, or ``None``.
+        in_order: Hand runs over in number order; ``False``: as they are posted.
     """
 
     def __init__(
@@ -124,8 +127,11 @@ class Engine:
         measure_cpu: bool = False,
         probe_first: bool = False,
         timeout: Timeout | None = None,
+        in_order: bool = True,
     ) -> None:
         self.tasks, self.spec, self.record = tasks, spec, record
+        self.in_order = in_order
+        self._ahead: dict[int, int] = {}  # out of order: numbers of runs taken past _taken
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.clock = time.thread_time if measure_cpu else _no_clock
@@ -175,6 +181,8 @@ class Engine:
                 ready += run.numbers
                 seq += run.numbers
                 run = self._posted.get(seq)
+            if not self.in_order:
+                ready = sum(run.numbers for run in self._posted.values())
             return Snapshot(
                 depth=self._depth,
                 threads=self._threads_wanted,
@@ -279,6 +287,8 @@ class Engine:
         self._data.notify()
 
     def _take_posted(self) -> list[Run]:
+        if not self.in_order:
+            return self._take_ready()
         runs: list[Run] = []
         seq, posted = self._taken, self._posted
         run = posted.pop(seq, None)
@@ -287,6 +297,27 @@ class Engine:
             seq += run.numbers
             run = posted.pop(seq, None)
         self._taken = seq
+        return runs
+
+    def _take_ready(self) -> list[Run]:
+        """Out of order: every run posted, but a final one before its turn (see invariants)."""
+        posted, ahead = self._posted, self._ahead
+        finals = [seq for seq, run in posted.items() if _is_final(run)]
+        last = min(finals) if finals else None  # later runs are never handed over
+        runs: list[Run] = []
+        for seq in sorted(posted):
+            if last is not None and seq >= last:
+                break
+            run = posted.pop(seq)
+            runs.append(run)
+            ahead[seq] = run.numbers
+        taken = self._taken
+        while taken in ahead:
+            taken += ahead.pop(taken)
+        if last is not None and taken == last:
+            runs.append(posted.pop(last))
+            taken += 1
+        self._taken = taken
         return runs
 
     def _wait_for_run(self) -> list[Run]:
@@ -505,7 +536,7 @@ class Engine:
                 self._posted[seq] = run
             if self._in_flight > stats.peak_items:
                 stats.peak_items = self._in_flight
-            if self.consumer_waiting and seq == self._taken:
+            if self.consumer_waiting and (seq == self._taken or not self.in_order):
                 self._wake_consumer()
             if not take or self._ended or self._threads_staying > self._threads_wanted:
                 return 0
@@ -586,6 +617,11 @@ class Engine:
                 self._releasing = False
                 self._data.notify_all()
             _live.discard(self)
+
+
+def _is_final(run: Run) -> bool:
+    """Whether ``run`` ends the epoch (``END`` or ``ERROR``, not a ``RAISED`` error)."""
+    return run.end is not None and run.end.kind in (END, ERROR)
 
 
 def _no_clock() -> float:

@@ -145,3 +145,31 @@ def check_fetch_grain(grain: object, fetch_threads: object, owner: str) -> str:
         )
         raise ValueError(msg)
     return grain
+
+
+OUT_OF_ORDER = (
+    "it was built with in_order=False: batches arrive as they are ready, so no state "
+    "marks a point before which every batch was seen (use in_order=True to checkpoint)"
+)
+"""Why a loader that delivers out of order cannot checkpoint (the error's reason)."""
+
+
+def check_in_order(in_order: object, fetch_threads: object, owner: str) -> bool:
+    """Return ``in_order``; refuse a non-bool, or ``False`` without fetch threads.
+
+    Example:
+        >>> check_in_order("no", 4, "BackgroundLoader")
+        Traceback (most recent call last):
+        ...
+        TypeError: BackgroundLoader(in_order=...) expects True or False, got 'no'
+    """
+    if not isinstance(in_order, bool):
+        msg = f"{owner}(in_order=...) expects True or False, got {in_order!r:.60}"
+        raise TypeError(msg)
+    if not in_order and fetch_threads is None:
+        msg = (
+            f"{owner}(in_order=False) lets fetch threads hand over batches as they are "
+            "ready, so it needs fetch_threads=N or 'auto', got fetch_threads=None"
+        )
+        raise ValueError(msg)
+    return in_order

@@ -42,7 +42,9 @@ from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, QUICK_MAX_DEPTH, D
 from prefetch._threads.engine import Engine
 from prefetch._threads.fetch_info import call_thread_init
 from prefetch._threads.fetch_options import (
+    OUT_OF_ORDER,
     check_fetch_grain,
+    check_in_order,
     check_thread_init_fn,
     fetchable,
     thread_control,
@@ -146,6 +148,12 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             per thread. ``"batch"``: each thread reads a whole batch, as a
             worker process does: for a ``__getitems__`` that must see the
             whole batch at once.
+        in_order: ``False`` (``fetch_threads`` only): hand each batch over as
+            soon as it is ready, so one slow sample holds back only its own
+            batch; the epoch still has every batch exactly once, and an error
+            that ends it comes after every batch before it. Such a loader has
+            no ``state_dict`` (no point in the epoch has every earlier batch
+            seen). ``True`` (the default): sampler order.
 
     DataLoader arguments (``num_workers``, ``batch_size``, ``shuffle``,
     ``prefetch_factor``, ...) belong to the ``DataLoader`` you wrap; passing
@@ -176,6 +184,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         thread_init_fn: Callable[[int], object] | None = None,
         timeout: float | None = None,
         fetch_grain: Literal["sample", "batch"] = "sample",
+        in_order: bool = True,
     ) -> None:
         check_iterable(loader, "BackgroundLoader")
         inner = consumer_thread_wrapper(loader)
@@ -221,6 +230,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             check_parallel_loader(loader, "BackgroundLoader")
         check_thread_init_fn(thread_init_fn, fetch_threads, "BackgroundLoader")
         self._fetch_grain = check_fetch_grain(fetch_grain, fetch_threads, "BackgroundLoader")
+        self._in_order = check_in_order(in_order, fetch_threads, "BackgroundLoader")
         self._timeout = check_timeout(timeout, "BackgroundLoader")
         check_dataloader_timeout(loader, "BackgroundLoader")
         available = fetch_threads is None and fetchable(loader)
@@ -235,7 +245,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         self._pin_memory = pin_memory
         self._num_threads = num_threads
         self._pin_device: int | None = None  # None: the caller's current device at iter()
-        adopt_state(self)
+        adopt_state(self, None if in_order else OUT_OF_ORDER)
 
     @property
     def depth(self) -> int:
@@ -272,6 +282,11 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         return self._fetch_threads
 
     @property
+    def in_order(self) -> bool:
+        """Whether batches are handed over in sampler order (``False``: as they are ready)."""
+        return self._in_order
+
+    @property
     def timeout(self) -> float | None:
         """Most seconds the loop waits for the next item, or ``None`` for no limit."""
         return self._timeout
@@ -304,6 +319,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             measure_cpu=self._threads.adaptive,
             probe_first=self._budget_set,
             timeout=Timeout(self._timeout, repr(self)) if self._timeout is not None else None,
+            in_order=self._in_order,
         )
 
     def _copied_to(self, device: torch.device) -> None:
@@ -334,4 +350,6 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             text += f", fetch_threads={self._fetch_threads!r}"
         if self._timeout is not None:
             text += f", timeout={self._timeout:g}"
+        if not self._in_order:
+            text += ", in_order=False"
         return text + ")"
