@@ -4,7 +4,8 @@
   consumer end of one epoch; :mod:`.keywords`: the error for a keyword the
   loader does not take (a DataLoader's, a typo).
 * :mod:`.engine`: the only place that starts threads; every concurrency
-  invariant is written in its docstring.
+  invariant is written in its docstring. :mod:`.engine_threads` holds the
+  engine's methods the threads call (one class, split for size).
 * :mod:`.tasks`: what a thread draws (in order) and runs (in parallel);
   :mod:`.parallel_fetch`: a DataLoader's batches read in several threads;
   :mod:`.sampler_seed`: a seeded shuffle started on the caller's thread;
