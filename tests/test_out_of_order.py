@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from prefetch import BackgroundLoader, CudaPrefetcher, NotStatefulError
+from prefetch import BackgroundLoader, CudaPrefetcher, NotStatefulError, sample_seed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,6 +130,47 @@ class TestOutOfOrder:
             dataset.release.set()
         assert sorted(firsts) == list(range(0, 32, 4))
         assert len(loader) == 8
+
+
+class Augmented(HeldBack):
+    """Each sample is its index plus noise drawn from :func:`prefetch.sample_seed`."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:  # type: ignore[override]
+        value = super().__getitem__(index)
+        generator = torch.Generator().manual_seed(sample_seed())
+        return value + torch.rand((), generator=generator)
+
+
+class TestSeededAugmentations:
+    """Per-sample seeds do not depend on when a batch is handed over."""
+
+    @pytest.mark.parametrize("grain", GRAINS)
+    def test_same_batches_as_in_order(self, grain: str) -> None:
+        """A seeded epoch out of order has the in-order epoch's batches, bit for bit."""
+
+        torch.manual_seed(0)
+        first = int(next(iter(DataLoader(range(24), batch_size=4, shuffle=True)))[0])
+
+        def epoch(in_order: bool) -> list[list[float]]:
+            dataset = Augmented(24, held=first)  # a sample of the first batch waits
+            torch.manual_seed(0)
+            loader = BackgroundLoader(
+                DataLoader(dataset, batch_size=4, shuffle=True),
+                fetch_threads=3,
+                in_order=in_order,
+                fetch_grain=grain,
+            )
+            if in_order:
+                dataset.release.set()
+            batches = []
+            for batch in loader:
+                batches.append(batch.tolist())
+                dataset.release.set()
+            return batches
+
+        in_order, out_of_order = epoch(True), epoch(False)
+        assert in_order != out_of_order  # the held batch came later
+        assert sorted(in_order) == sorted(out_of_order)
 
 
 class TestNoCheckpoint:
