@@ -121,7 +121,8 @@ def sample_seed(offset: int = 0) -> int | None:
         >>> class Noisy(Dataset):
         ...     def __len__(self): return 8
         ...     def __getitem__(self, i):
-        ...         generator = torch.Generator().manual_seed(sample_seed())
+        ...         seed = sample_seed()  # None outside fetch threads: the global RNG then
+        ...         generator = None if seed is None else torch.Generator().manual_seed(seed)
         ...         return torch.rand((), generator=generator)
         >>> def epoch(threads):
         ...     torch.manual_seed(0)

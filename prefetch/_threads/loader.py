@@ -144,7 +144,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             default): the samples of each batch are read by whichever
             threads are free, and ``collate_fn`` runs once all are in, so
             the first batch comes after about ``batch_size / fetch_threads``
-            reads; a dataset with ``__getitems__`` gets contiguous chunks, one
+            reads by each thread; a dataset with ``__getitems__`` gets contiguous chunks, one
             per thread. ``"batch"``: each thread reads a whole batch, as a
             worker process does: for a ``__getitems__`` that must see the
             whole batch at once.
