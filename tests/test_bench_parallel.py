@@ -220,7 +220,9 @@ class TestJpegWorkload:
             assert float(row.values["peak_pss_mib"]) > 1.0, row.variant
         workers = {row.variant: row.values["pss_processes"] for row in ran}
         assert workers[Variant("local", "dataloader", 0).name] == 1.0
-        assert workers[Variant("local", "dataloader", 2).name] == 3.0  # the sampler saw them
+        # The sampler reads the process tree: it saw a worker process (one of the two may
+        # be missed between samples on a loaded machine: 2 of 3 once, on 3.13t in CI)
+        assert workers[Variant("local", "dataloader", 2).name] >= 2.0
         for row in result.rows:
             if row.values["note"] == "not available":
                 assert math.isnan(float(row.values["items_per_second"]))
