@@ -125,6 +125,21 @@ def expected(wrapper: Any, base: str) -> dict[str, float]:
     return {**wrapper.stats.scalars(base), **wrapper.total_stats.scalars(f"{base}total/")}
 
 
+def assert_logged(logged: dict[str, float], want: dict[str, float]) -> None:
+    """``logged`` equals ``want``, but source seconds, which may grow after the log.
+
+    Lightning stops at ``len(loader)`` without asking for the end of the data, so
+    the loading thread may still be timing its last draw (the one that finds the
+    end) when the monitor logs: seen on free-threaded 3.13t.
+    """
+    assert logged.keys() == want.keys()
+    for key, value in want.items():
+        if key.endswith("source_seconds"):
+            assert logged[key] <= value, key
+        else:
+            assert logged[key] == value, key
+
+
 class TestLoaderStatsMonitor:
     """The callback logs every wrapper's epoch and total stats, equal to the loaders' own."""
 
@@ -139,13 +154,13 @@ class TestLoaderStatsMonitor:
             **expected(outer, "prefetch/train/CudaPrefetcher/"),
             **expected(outer.loader, "prefetch/train/BackgroundLoader/"),
         }
-        assert train[-1] == want
+        assert_logged(train[-1], want)
         assert want["prefetch/train/BackgroundLoader/total/epochs"] == EPOCHS
         assert want["prefetch/train/CudaPrefetcher/total/items"] == EPOCHS * SIZE / BATCH
         val = logger.ours("prefetch/val/")
         assert len(val) == EPOCHS  # not after the sanity check
         (loader,) = model.made["val"]
-        assert val[-1] == expected(loader, "prefetch/val/BackgroundLoader/")
+        assert_logged(val[-1], expected(loader, "prefetch/val/BackgroundLoader/"))
         assert val[-1]["prefetch/val/BackgroundLoader/total/epochs"] == EPOCHS + 1  # sanity run
 
     def test_test_stage_prefix_and_epoch_only(self, tmp_path: Path) -> None:
@@ -153,7 +168,7 @@ class TestLoaderStatsMonitor:
         logger, model = DictLogger(), Model()
         trainer(tmp_path, logger, LoaderStatsMonitor(prefix="data/", total=False)).test(model)
         (logged,) = logger.ours("data/test/")
-        assert logged == model.made["test"].stats.scalars("data/test/BackgroundLoader/")
+        assert_logged(logged, model.made["test"].stats.scalars("data/test/BackgroundLoader/"))
         assert logged["data/test/BackgroundLoader/items"] == SIZE / BATCH
 
     def test_several_loaders_are_named_by_index_and_plain_ones_skipped(
