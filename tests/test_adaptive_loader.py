@@ -104,8 +104,11 @@ class TestReports:
             "busy_seconds", "blocked_seconds", "largest_item", "count",
         )  # fmt: skip
 
+        due: list[int] = []  # quiet hand-offs that make a report due, at each report
+
         def spy(self: DepthPolicy, **report: Any) -> int | None:
             calls.append(tuple(report[name] for name in fields))
+            due.append(max(REPORT_EVERY, self.value))
             return original(self, **report)
 
         monkeypatch.setattr(DepthPolicy, "observe", spy)
@@ -115,14 +118,15 @@ class TestReports:
             list, zip(*calls, strict=True)
         )
         assert count[0] == 1  # the epoch's first hand-off, reported at once
-        assert all(1 <= c <= REPORT_EVERY for c in count)
-        assert 30 - REPORT_EVERY < sum(count) <= 30  # a quiet tail may go unreported
+        assert all(1 <= c <= d for c, d in zip(count, due, strict=True))
+        assert 30 - max(due) < sum(count) <= 30  # a quiet tail may go unreported
         handed = list(itertools.accumulate(count))
         assert 10 in handed  # the first burst, before item 9, is reported at once
         burst = handed.index(10)
         assert waited[burst] > 0.0 and ready[burst] == 0
-        # A report is due after REPORT_EVERY quiet hand-offs, or at once when one ran low.
-        assert all(c == REPORT_EVERY or r <= 1 for c, r in zip(count, ready, strict=True))
+        # A report is due after exactly max(REPORT_EVERY, depth) quiet hand-offs (the fast
+        # path stops there too), or at once when one ran low.
+        assert all(c == d or r <= 1 for c, d, r in zip(count, due, ready, strict=True))
         assert all(w == 0.0 for w, r in zip(waited, ready, strict=True) if r > 0)
         assert now == sorted(now)
         assert all(s >= 0.0 for s in step[1:])
@@ -130,6 +134,26 @@ class TestReports:
         assert busy == sorted(busy) and busy[burst] >= 0.045  # the first burst is producer time
         assert blocked == sorted(blocked)
         assert set(largest) == {64}  # one tensor of 16 floats in every item
+
+    def test_quiet_reports_are_exact(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With the buffer full, a report comes after exactly max(REPORT_EVERY, depth) items."""
+        counts: list[tuple[int, int]] = []  # (count, ready) of each report
+        original = DepthPolicy.observe
+
+        def spy(self: DepthPolicy, **report: Any) -> int | None:
+            counts.append((report["count"], report["ready"]))
+            return original(self, **report)
+
+        monkeypatch.setattr(DepthPolicy, "observe", spy)
+        loader = BackgroundLoader(range(300))
+        # Depth 12 at its ceiling: a near miss is not urgent, and the fast path runs 3 items
+        # between returns, so without a stop at the report it would pass item 17 by.
+        monkeypatch.setattr(loader, "_depth", DepthPolicy(maximum=12, max_bytes=None, start=12))
+        assert slowly(loader, 0.001) == list(range(300))
+        quiet = [count for count, ready in counts[1:] if ready > 0]
+        assert counts[0] == (1, 0)  # the first hand-off always waits
+        assert len(quiet) >= 8  # the producer kept ahead: most reports are quiet ones
+        assert set(quiet) == {REPORT_EVERY}
 
 
 class TestAdaptsWithThreads:

@@ -14,12 +14,15 @@ Invariants:
   depth, or the items ``max_bytes`` holds; at least every item), and
   whenever the items taken run out, the slow path gives their tickets back
   and takes the runs posted since
-  (:meth:`~prefetch._threads.engine.Engine.exchange`), and reports to the
-  policies. A run's first and last items take the slow path too, which
+  (:meth:`~prefetch._threads.engine.Engine.exchange`). A run's first and
+  last items take the slow path too, which
   stamps ``stats.last_handoff`` (so an epoch's time ends at its last item,
   to within a quarter of the depth when the loop stops in a run's middle).
   An item handed over is no longer referenced by the run, so the loop alone
   decides how long it lives.
+* **Reports are exact.** The slow path reports to adaptive policies at once
+  when the loop waited or nearly did, and otherwise after exactly
+  ``max(REPORT_EVERY, depth)`` quiet hand-offs: the fast path stops there.
 * Only the latest epoch reports to the depth and thread policies; an older
   one still open keeps the depth and threads it had.
 * An ``Exception`` the source raised (``RAISED``) is re-raised in its place
@@ -156,8 +159,11 @@ class BackgroundIterator(EpochIterator[T]):
                     stats.last_handoff = time.perf_counter()
                     if self._reports:
                         self._note_hand_over(self._ready())
-                    # The fast path stops before a return point and before a run's last item.
-                    self._fast_until = min(len(items) - 1, pos + self._return_every - handed)
+                    # The fast path stops before a return point, a report and a run's last item.
+                    until = min(len(items) - 1, pos + self._return_every - handed)
+                    if self._reports:
+                        until = min(until, pos + self._report_due(stats.items))
+                    self._fast_until = until
                     return item  # type: ignore[no-any-return]
                 if self._end_message is not None:
                     self._take_end()
@@ -252,12 +258,16 @@ class BackgroundIterator(EpochIterator[T]):
         fewest, depth = self._fewest, self._depth
         # A near miss at the ceiling changes nothing a wait or the next report would not.
         urgent = fewest == 0 or (fewest == 1 and depth.value < depth.maximum)
-        if urgent or items - self._reported_items >= max(REPORT_EVERY, depth.value):
+        if urgent or self._report_due(items) <= 0:
             try:
                 self._adapt(items)
             except BaseException:  # a policy's failure (Ctrl-C included) ends the epoch
                 self._finish()
                 raise
+
+    def _report_due(self, items: int) -> int:
+        """Hand-offs from the one that made ``items`` to the next quiet report."""
+        return self._reported_items + max(REPORT_EVERY, self._depth.value) - items
 
     def _adapt(self, items: int) -> None:
         """Report the hand-offs since the last report to the policies; apply their decisions."""
