@@ -89,7 +89,11 @@ def _section(result: WorkloadResult, out: Path) -> list[str]:
     lines = [title, "-" * len(title), ""]
     if result.status != "ok":
         return [*lines, f"**Skipped:** {_rst_escape(result.reason)}", ""]
-    lines += [_rst_escape(result.description), ""]
+    description = result.description
+    repeats = result.params.get("repeats")
+    if isinstance(repeats, int):  # fewer than the run's (a fresh process per run)
+        description += f" Interleaved repeats per variant here: {repeats}."
+    lines += [_rst_escape(description), ""]
     lines += _rst_table(result)
     for note in result.notes:
         lines += [_rst_escape(note), ""]
@@ -127,8 +131,8 @@ def write_rst(
         (
             f"Run on {meta['date']} with Python {meta['python']}, torch {meta['torch']}, "
             f"prefetch_generator {meta['prefetch_generator']}, {meta['cpu_count']} CPU cores "
-            f"(load average {meta['loadavg_start']} at the start), {meta['repeats']} interleaved "
-            f"repeat(s) per variant"
+            f"(load average {meta['loadavg_start']} at the start), up to {meta['repeats']} "
+            f"interleaved repeat(s) per variant (a workload with fewer says so)"
             f"{' (quick mode: smoke-test sizes, figures not meaningful)' if meta['quick'] else ''}."
         ),
         "",
