@@ -9,7 +9,8 @@ RUNS="${RUNS:-30}"
 OUT="${STRESS_OUT:-runs/stress-ft}"
 FILES="${FILES:-tests/test_engine_wakeups.py tests/test_release.py tests/test_parallel_fetch.py
     tests/test_parallel_fetch_lifetime.py tests/test_model_based.py tests/test_faults*.py
-    tests/test_background.py tests/test_torch_guard.py tests/test_out_of_order.py}"
+    tests/test_background.py tests/test_adaptive_loader.py tests/test_torch_guard.py
+    tests/test_out_of_order.py}"
 bash scripts/ft_venv.sh
 export PYTHON_GIL=0
 mkdir -p "$OUT"
