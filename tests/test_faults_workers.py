@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch._shared.epoch import release_source
 
 from .processes import live_child_pids, settle, wait_until
 from .sources import SlowDataset, drain
@@ -49,6 +52,35 @@ class TestDataLoaderWorkers:
             assert "worker" in str(info.value).lower(), info.value
         del info
         threads, children = settle(15.0)
+        assert threads == [] and children == []
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(60)
+    def test_release_after_a_worker_died_holding_the_done_events_lock(self) -> None:
+        """A worker killed while it held the done event's lock cannot hang the release."""
+        # What a prefetch thread does after a worker's death: release the source off the main
+        # thread, where torch's SIGCHLD handler cannot break a hang. This test holds the lock
+        # itself, as a worker killed inside done_event.is_set() would hold it for good.
+        source: Any = iter(DataLoader(SlowDataset(100), batch_size=2, num_workers=2))
+        next(source)
+        workers = list(source._workers)
+        lock = source._workers_done_event._cond._lock
+        assert lock.acquire(timeout=5.0)
+        try:
+            os.kill(workers[0].pid, signal.SIGKILL)
+            with pytest.raises(RuntimeError, match="killed by signal"):
+                deadline = time.monotonic() + 10.0
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)  # torch's SIGCHLD handler raises here
+            releaser = threading.Thread(target=release_source, args=(source, True), daemon=True)
+            releaser.start()
+            releaser.join(timeout=20.0)
+            assert not releaser.is_alive(), "the release hung on the dead worker's lock"
+            assert not any(worker.is_alive() for worker in workers)
+        finally:
+            lock.release()  # without the fix: lets the hung release finish
+        del source
+        threads, children = settle(10.0)
         assert threads == [] and children == []
 
     @pytest.mark.slow

@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Protocol, TypeVar
 
+from prefetch._shared.dead_workers import end_workers_after_a_death
 from prefetch._shared.stats import LoaderStats
 
 T = TypeVar("T")
@@ -246,13 +247,15 @@ def release_source(source: Iterator[Any], owned: bool) -> None:
     """Shut down what the source iterator holds, as dropping it would.
 
     A multi-process DataLoader iterator stops its workers (unless they are
-    persistent: the DataLoader reuses them next epoch). A generator we
+    persistent: the DataLoader reuses them next epoch), without hanging when
+    one of them died (:mod:`prefetch._shared.dead_workers`). A generator we
     created with ``iter()`` is closed so its ``finally`` blocks run now; one
     the user passed in (``owned`` false) is left alone.
     """
     shutdown = getattr(source, "_shutdown_workers", None)
     if callable(shutdown):
         if not getattr(source, "_persistent_workers", False):
+            end_workers_after_a_death(source)  # a dead worker may hold the lock shutdown needs
             shutdown()
         return
     close = getattr(source, "close", None)
