@@ -85,6 +85,53 @@ class TestDataLoaderWorkers:
 
     @pytest.mark.slow
     @pytest.mark.timeout(60)
+    @pytest.mark.parametrize("wrapper", ["background", "device"])
+    def test_a_worker_dead_holding_the_results_lock_ends_the_epoch(self, wrapper: str) -> None:
+        """The lost worker's error ends the epoch: nothing reads ahead into batches never sent."""
+        # A worker killed while it sent a batch holds the results queue's write lock for good;
+        # the test holds it itself. DataLoader reports the death once and, asked again, waits
+        # for the survivor, who can never send. SIGCHLD is blocked so that DataLoader's own
+        # check (every 5 s) reports the death where the wrapper draws, not torch's handler.
+        iterators: list[Any] = []
+
+        class Recording(DataLoader[Any]):
+            def __iter__(self) -> Any:
+                iterators.append(super().__iter__())
+                return iterators[-1]
+
+        data = Recording(SlowDataset(10_000, delay=0.002), batch_size=2, num_workers=2)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        lock: Any = None
+        try:
+            loader: Any = (
+                BackgroundLoader(data, depth=4)
+                if wrapper == "background"
+                else CudaPrefetcher(data, device="cpu", depth=4)
+            )
+            iterator = iter(loader)
+            assert [int(x) for _ in range(3) for x in next(iterator)] == list(range(6))
+            lock = iterators[0]._worker_result_queue._wlock
+            assert lock.acquire(timeout=5.0)
+            os.kill(iterators[0]._workers[0].pid, signal.SIGKILL)
+            errors = []  # DataLoader's error, after the EOFError or ConnectionError of a
+            while len(errors) < 3:  # batch in transfer when the worker died, if one was
+                _items, raised = drain(iterator)
+                if raised is None:
+                    break  # the epoch ended with the error
+                errors.append(raised)
+            assert raised is None and 1 <= len(errors) <= 2, errors
+            assert all(isinstance(e, (RuntimeError, EOFError, ConnectionError)) for e in errors)
+            assert not isinstance(errors[-1], RuntimeError) or "worker" in str(errors[-1])
+            del iterator, errors, raised
+            threads, children = settle(15.0)
+            assert threads == [] and children == []
+        finally:
+            if lock is not None:
+                lock.release()  # without the fix: lets the thread stuck in DataLoader go
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(60)
     @pytest.mark.parametrize("poison_at", [0, 7])
     def test_worker_error_shuts_workers_down_before_delivery(self, poison_at: int) -> None:
         """A dataset error in a worker arrives after the batches before it; the workers are gone."""

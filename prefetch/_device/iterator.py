@@ -16,7 +16,10 @@ Invariants:
 * After an ``Exception`` the epoch goes on: the source is asked for more, as
   a loop that catches the error would ask it (a DataLoader iterator goes on,
   a generator that raised is finished). A ``BaseException`` from the source
-  ends the epoch and releases the source first.
+  ends the epoch and releases the source first, and so does the error of a
+  DataLoader iterator that lost a worker process
+  (:mod:`prefetch._shared.dead_workers`): asked again, it would drop the dead
+  worker's batches or wait forever.
 * No frame of this module holds the iterator once it has finished: a
   traceback keeps every frame it passes through *and their callers*
   (``f_back``), so ``__next__``, ``_fill`` and ``_load_one`` delete ``self``
@@ -36,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+from prefetch._shared.dead_workers import lost_a_worker
 from prefetch._shared.epoch import EpochIterator, EpochRecord, raised_by_source, release_source
 
 T = TypeVar("T")
@@ -199,6 +203,7 @@ class DeviceIterator(EpochIterator[T]):
             final = not isinstance(error, Exception)
             if final and not raised_by_source(source, error):
                 raise  # Ctrl-C or a timeout on this thread: raise now; the queue stays intact
+            final = final or lost_a_worker(source)  # a DataLoader that lost a worker: no more
             if final:
                 self._release()
             self._pending.append(Failure(error, final))  # at its position, never dropped

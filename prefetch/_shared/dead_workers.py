@@ -1,31 +1,50 @@
-"""Shutting down a DataLoader iterator one of whose workers died: never hang.
+"""A DataLoader iterator one of whose workers died: stop drawing, shut down without hanging.
 
-torch's ``_MultiProcessingDataLoaderIter._shutdown_workers`` tells its
-workers to leave by setting ``_workers_done_event``, a
-``multiprocessing.Event``. Each worker reads that event in its loop, under
-the event's lock, a semaphore shared by the processes. A worker killed by a
-signal while it held that lock (``SIGKILL``, the OOM killer, a segfault)
-leaves it held for good, and ``set()`` then blocks forever. torch counts on
-its ``SIGCHLD`` handler to break such a hang: the handler raises in the main
-thread, which is where torch's own shutdown runs. A prefetch thread that
-shuts the iterator down (at the end of an epoch, or before it hands over the
-worker's error) is never interrupted by that handler: it would wait forever,
-with the surviving workers alive beside it.
+A worker killed by a signal (``SIGKILL``, the OOM killer, a segfault) can
+die holding a lock it shares with the other processes, and two of torch's
+locks then hang for good:
 
-Invariant: :func:`end_workers_after_a_death`, called before
-``_shutdown_workers`` on an iterator not yet shut down, leaves it unchanged
-while every worker lives; once one is dead it terminates the others, waits
-for them, and replaces the done event with :class:`_AlreadySet`, so that
-torch's shutdown (queues, pids, pin-memory thread) runs to its end without
-touching the lock.
+* the results queue's write lock: the surviving workers can never send
+  again. torch reports the death once (``RuntimeError: DataLoader worker
+  ... exited unexpectedly``), marks the worker unavailable and, asked for
+  the next batch, waits only for the survivors: forever. Even without the
+  lock it drops the dead worker's batches and goes on. A plain loop never
+  asks again (the error ends it); a prefetch thread that reads ahead would.
+* the done event's lock (``_workers_done_event``, a
+  ``multiprocessing.Event`` each worker reads in its loop): torch's
+  ``_shutdown_workers`` sets it first, and ``set()`` blocks. torch counts on
+  its ``SIGCHLD`` handler to break that hang by raising in the main thread;
+  a prefetch thread that shuts the iterator down is never interrupted.
+
+Invariants:
+
+* :func:`lost_a_worker` is true once a worker of an iterator not shut down
+  has ended other than by exiting with status 0 (a worker that ran out of
+  its ``IterableDataset`` shard exits 0: the iterator goes on without it).
+  Callers make the error that came with the loss final: nothing draws from
+  that iterator again.
+* :func:`end_workers_after_a_death`, called before ``_shutdown_workers`` on
+  an iterator not yet shut down, leaves it unchanged while every worker
+  lives; once one has ended it terminates the others, waits for them, and
+  replaces the done event with :class:`_AlreadySet`, so that torch's
+  shutdown (queues, pids, pin-memory thread) runs to its end without the lock.
+* Neither reaps a worker nor misses one that another thread is reaping
+  (``multiprocessing.active_children()``, torch's own check): whether a
+  worker has ended is read from its sentinel, never from ``waitpid``.
 """
 
 from __future__ import annotations
 
+import time
+from multiprocessing.connection import wait
 from typing import Any
 
 JOIN_SECONDS = 5.0
 """Seconds to wait for a terminated worker before killing it."""
+EXIT_CODE_SECONDS = 1.0
+"""Longest wait for the exit code of a worker another thread has just reaped."""
+UNKNOWN_EXIT = -256
+"""The exit code of a worker that ended without one known (not a status 0)."""
 
 
 class _AlreadySet:
@@ -39,23 +58,58 @@ class _AlreadySet:
         return True
 
 
-def end_workers_after_a_death(source: Any) -> bool:
-    """If a worker of DataLoader iterator ``source`` died, end the rest without its lock.
+def _ended(worker: Any) -> bool:
+    """Whether ``worker`` has ended: its sentinel is readable once it exits, reaped or not."""
+    return bool(wait([worker.sentinel], timeout=0))
 
-    Returns:
-        Whether a dead worker was found (and the others ended).
+
+def _exit_code(worker: Any) -> int | None:
+    """The exit code of ``worker`` (negative: its signal), or ``None`` while it runs.
+
+    A worker another thread reaps at this moment has ended, and its code is
+    stored on it a moment later (``exitcode`` reads ``None`` meanwhile).
     """
+    if not _ended(worker):
+        return None
+    deadline = time.monotonic() + EXIT_CODE_SECONDS
+    while (code := worker.exitcode) is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return UNKNOWN_EXIT if code is None else int(code)
+
+
+def _workers_of(source: Any) -> list[Any]:
+    """The worker processes of DataLoader iterator ``source`` not yet shut down, else ``[]``."""
     workers = getattr(source, "_workers", None)
     if not workers or getattr(source, "_shutdown", True):
-        return False
-    if all(worker.is_alive() for worker in workers):
-        return False  # the usual case: torch's own shutdown
+        return []
+    return list(workers)
+
+
+def lost_a_worker(source: Any) -> bool:
+    """Whether DataLoader iterator ``source`` lost a worker, so it cannot go on (see the module).
+
+    Example:
+        >>> lost_a_worker(iter([1, 2]))  # not a multi-process DataLoader iterator
+        False
+    """
+    return any(_exit_code(worker) not in (None, 0) for worker in _workers_of(source))
+
+
+def end_workers_after_a_death(source: Any) -> bool:
+    """If a worker of DataLoader iterator ``source`` ended, end the rest without its lock.
+
+    Returns:
+        Whether an ended worker was found (and the others ended).
+    """
+    workers = _workers_of(source)
+    if not any(_ended(worker) for worker in workers):
+        return False  # the usual case (or not a multi-process iterator): torch's own shutdown
     for worker in workers:
-        if worker.is_alive():
+        if not _ended(worker):
             worker.terminate()  # torch's worker handler exits at once, with status 0
     for worker in workers:
         worker.join(timeout=JOIN_SECONDS)
-        if worker.is_alive():
+        if not _ended(worker):
             worker.kill()
             worker.join(timeout=JOIN_SECONDS)
     source._workers_done_event = _AlreadySet()

@@ -49,11 +49,13 @@ Invariants (every change here must keep them):
   wait.
 * **Errors.** An ``Exception`` from a draw or a run is posted as ``RAISED``
   in its place and the epoch goes on (the source decides whether it has
-  more). ``StopIteration`` from a draw (``END``, carrying the state read just
-  after it) and a ``BaseException`` (``ERROR``) are *final*: no thread draws
-  again, the earliest final wins, and it is posted only by the last thread
-  to leave, after the source is released: a DataLoader's workers are gone
-  before its error is seen.
+  more), unless the source is broken by it (a DataLoader iterator that lost
+  a worker process: :meth:`~prefetch._threads.tasks.Tasks.broken`), which
+  makes it an ``ERROR``. ``StopIteration`` from a draw (``END``, carrying
+  the state read just after it) and a ``BaseException`` (``ERROR``) are
+  *final*: no thread draws again, the earliest final wins, and it is posted
+  only by the last thread to leave, after the source is released: a
+  DataLoader's workers are gone before its error is seen.
 * **Timeout.** With a :class:`~prefetch._threads.timeout.Timeout`, a consumer
   that waited longer for the run it wants stops the engine and takes a
   final ``ERROR`` run carrying the timeout error instead.

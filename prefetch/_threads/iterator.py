@@ -27,7 +27,8 @@ Invariants:
   one still open keeps the depth and threads it had.
 * An ``Exception`` the source raised (``RAISED``) is re-raised in its place
   and the epoch goes on: the next ``next()`` returns what the source gave
-  after it. A final error (``ERROR``) or the end stops the engine first.
+  after it. A final error (``ERROR``: a ``BaseException``, or the error of a
+  DataLoader that lost a worker process) or the end stops the engine first.
 * The frame that re-raises an error does not hold the iterator (``self`` is
   deleted before the error leaves), so an error kept alive by its caller
   does not keep the iterator, its threads or its source's workers alive.

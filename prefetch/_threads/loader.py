@@ -73,9 +73,10 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
     order, ``None`` included; an exception raised by the loader arrives as
     the same object after every item before it, and the epoch goes on as far
     as the loader's own iterator does (a ``DataLoader`` continues with the
-    next batch; a generator that raised is finished). Breaking out of the
-    loop, :meth:`close`, a ``with`` block or garbage collection stop the
-    thread; an open iterator keeps reading ahead from the loader until then.
+    next batch, unless it lost a worker process; a generator that raised is
+    finished). Breaking out of the loop, :meth:`close`, a ``with`` block or
+    garbage collection stop the thread; an open iterator keeps reading ahead
+    from the loader until then.
 
     Each ``iter()`` stands on its own where the loader allows it, so
     ``zip(loader, loader)`` and nested loops behave as over the loader

@@ -152,6 +152,10 @@ class SamplerTasks:
         """Release the DataLoader's iterator (no worker processes: nothing to stop)."""
         release_source(self._iterator, owned=True)
 
+    def broken(self) -> bool:
+        """Never: draws come from the sampler, and a batch that raised leaves it as it was."""
+        return False
+
 
 def check_parallel_loader(loader: object, caller: str) -> None:
     """Raise, saying why and what to do, unless ``loader`` can be fetched in parallel.

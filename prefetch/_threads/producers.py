@@ -83,6 +83,10 @@ def draw_runs(engine: Engine, held: Held) -> Final | None:
                 final = Final(seq + len(items), Message(END, None, state))
                 break
             except Exception as error:  # the source decides whether it goes on
+                if engine.tasks.broken():  # a DataLoader that lost a worker cannot
+                    engine.end(source_ended=False)
+                    final = Final(seq + len(items), Message(ERROR, error, None))
+                    break
                 end = Message(RAISED, error, None)
                 break
             except BaseException as error:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol
 
+from prefetch._shared.dead_workers import lost_a_worker
 from prefetch._shared.epoch import release_source
 
 
@@ -37,6 +38,9 @@ class Tasks(Protocol):
 
     def release(self) -> None:
         """Shut down what the source holds, once no thread uses it any more."""
+
+    def broken(self) -> bool:
+        """Whether the source, having just raised an ``Exception``, must not be drawn again."""
 
 
 class ProducerSpec(NamedTuple):
@@ -83,3 +87,11 @@ class IteratorTasks:
     def release(self) -> None:
         """Release the source iterator (see :func:`~prefetch._shared.epoch.release_source`)."""
         release_source(self.source, self.owned)
+
+    def broken(self) -> bool:
+        """Whether the source is a DataLoader iterator that lost a worker process.
+
+        It reports the loss once and, asked again, drops the dead worker's
+        batches or waits forever (:mod:`prefetch._shared.dead_workers`).
+        """
+        return lost_a_worker(self.source)
