@@ -121,13 +121,23 @@ def _name(interpreter: Interpreter, method: str, level: int | str) -> str:
 def _runner(spec: dict[str, Any], interpreter: Interpreter) -> Callable[[], Measure]:
     def run_once() -> Measure:
         report = run_child(spec, python=interpreter.python, env=interpreter.env)
-        return {key: float(value) for key, value in report.items() if value is not None}
+        measure = {key: float(value) for key, value in report.items() if value is not None}
+        measure["growth_mib"] = measure["peak_pss_mib"] - measure["start_pss_mib"]
+        return measure
 
     return run_once
 
 
 def _row(samples: dict[str, list[Measure]], interpreter: Interpreter, name: str) -> Row:
-    keys = ("items_per_second", "seconds", "peak_pss_mib", "items", "checksum", "gil_enabled")
+    keys = (
+        "items_per_second",
+        "seconds",
+        "peak_pss_mib",
+        "growth_mib",
+        "items",
+        "checksum",
+        "gil_enabled",
+    )
     raw = {key: values_of(samples, name, key) for key in keys}
     values: dict[str, float | str] = {key: median(raw[key]) for key in keys}
     plain = _name(interpreter, "dataloader", 0)
@@ -136,6 +146,7 @@ def _row(samples: dict[str, list[Measure]], interpreter: Interpreter, name: str)
     values["vs_plain"] = median_ratio(samples, name, plain, "items_per_second")
     values["vs_w2"] = median_ratio(samples, name, workers, "items_per_second")
     values["pss_vs_w2"] = median_ratio(samples, name, workers, "peak_pss_mib")
+    values["growth_vs_w2"] = median_ratio(samples, name, workers, "growth_mib")
     notes = ["the GIL came on"] if interpreter.env and any(raw["gil_enabled"]) else []
     threads = [run.get("peak_fetch_threads", float("nan")) for run in samples[name]]
     if name.endswith("=auto"):
@@ -169,6 +180,9 @@ def _targets(
         f"{ratios[1]:.2f}x summed PSS on {ft.label}",
         f"{ratios[2]:.2f}x throughput, {ft.label} over {gil.label}",
     ]
+    if all("growth_mib" in run for run in samples[threads] + samples[workers]):
+        growth = median_ratio(samples, threads, workers, "growth_mib")
+        details[1] += f" (growth over the process's start: {growth:.2f}x)"
     passed = [ratios[0] >= names[0][1], ratios[1] <= names[1][1], ratios[2] >= names[2][1]]
     return [
         Target(name, ok, detail)
@@ -204,7 +218,8 @@ def run(config: Config) -> WorkloadResult:
             "'vs w=2': median over repeats of this throughput / "
             "DataLoader(num_workers=0 or 2)'s on the same interpreter; 'PSS vs w=2' the same for "
             "peak PSS, summed over the process and its workers, sampled every "
-            f"{INTERVAL * 1e3:.0f} ms."
+            f"{INTERVAL * 1e3:.0f} ms; growth: that peak minus the process's PSS before the "
+            "loader is built (the records included), the memory the loading itself costs."
         ),
         baseline=_name(interpreters[0], "dataloader", 0),
         params={
@@ -221,6 +236,8 @@ def run(config: Config) -> WorkloadResult:
             Column("seconds", "epoch s", "{:.2f}"),
             Column("peak_pss_mib", "peak PSS MiB", "{:.0f}"),
             Column("pss_vs_w2", "PSS vs w=2", "{:.2f}x"),
+            Column("growth_mib", "growth MiB", "{:.0f}"),
+            Column("growth_vs_w2", "growth vs w=2", "{:.2f}x"),
             Column("note", "note", "{}"),
         ],
         plot="bar",

@@ -85,6 +85,19 @@ class TestTargets:
         assert not first.passed and first.detail.startswith("0.85x")
         assert not speedup.passed and speedup.detail.startswith("1.00x")
 
+    def test_the_memory_target_also_gives_the_growth_over_the_start(self) -> None:
+        """Growth, where runs report it, joins the PSS detail; the verdict stays on PSS."""
+        samples = _samples([100.0], [100.0], [100.0])
+        for name, growth in (
+            ("3.13t fetch_threads=2", 5.0),
+            ("3.13t DataLoader num_workers=2", 100.0),
+        ):
+            samples[name][0]["growth_mib"] = growth
+        samples["3.13t fetch_threads=2"][0]["peak_pss_mib"] = 900.0
+        _, memory, _ = purepy._targets(samples, [GIL, FT], "")
+        assert not memory.passed
+        assert memory.detail == "0.90x summed PSS on 3.13t (growth over the process's start: 0.05x)"
+
     def test_without_a_free_threaded_python_every_target_is_a_miss_that_says_why(self) -> None:
         """One interpreter: three MISSes, 'not measured' and the reason."""
         for interpreters in ([GIL], [FT]):
