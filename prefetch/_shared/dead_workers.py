@@ -28,9 +28,11 @@ Invariants:
   lives; once one has ended it terminates the others, waits for them, and
   replaces the done event with :class:`_AlreadySet`, so that torch's
   shutdown (queues, pids, pin-memory thread) runs to its end without the lock.
-* Neither reaps a worker nor misses one that another thread is reaping
-  (``multiprocessing.active_children()``, torch's own check): whether a
-  worker has ended is read from its sentinel, never from ``waitpid``.
+* Neither misses a worker that another thread is reaping at the same
+  moment (``multiprocessing.active_children()``, torch's own check), as
+  ``is_alive()`` can (its ``waitpid`` then fails, and it answers "alive"):
+  whether a worker has ended is read from its sentinel. Only the exit code
+  of an ended worker comes from ``multiprocessing``, which reaps it.
 """
 
 from __future__ import annotations
