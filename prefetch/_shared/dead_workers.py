@@ -97,15 +97,11 @@ def lost_a_worker(source: Any) -> bool:
     return any(_exit_code(worker) not in (None, 0) for worker in _workers_of(source))
 
 
-def end_workers_after_a_death(source: Any) -> bool:
-    """If a worker of DataLoader iterator ``source`` ended, end the rest without its lock.
-
-    Returns:
-        Whether an ended worker was found (and the others ended).
-    """
+def end_workers_after_a_death(source: Any) -> None:
+    """If a worker of DataLoader iterator ``source`` ended, end the rest without its lock."""
     workers = _workers_of(source)
     if not any(_ended(worker) for worker in workers):
-        return False  # the usual case (or not a multi-process iterator): torch's own shutdown
+        return  # the usual case (or not a multi-process iterator): torch's own shutdown
     for worker in workers:
         if not _ended(worker):
             worker.terminate()  # torch's worker handler exits at once, with status 0
@@ -115,4 +111,3 @@ def end_workers_after_a_death(source: Any) -> bool:
             worker.kill()
             worker.join(timeout=JOIN_SECONDS)
     source._workers_done_event = _AlreadySet()
-    return True
