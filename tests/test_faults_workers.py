@@ -6,14 +6,17 @@ never a speed claim.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader
+from torch.utils.data._utils import signal_handling
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._shared.epoch import release_source
@@ -183,4 +186,48 @@ class TestDataLoaderWorkers:
         assert failures == []
 
 
-# --------------------------------------------------------------------------- subprocesses
+class TestInterruptedWorkerStart:
+    """Ctrl-C while DataLoader starts its workers leaves nothing that stops the next epoch."""
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(60)
+    @pytest.mark.parametrize("stacked", [False, True])
+    def test_interrupt_after_torch_records_the_pids(self, stacked: bool) -> None:
+        """An interrupt between torch's pid record and its flag: the record goes, the loop restarts.
+
+        torch records the new iterator's worker pids under its ``id()``, then sets the
+        flag its shutdown reads; a KeyboardInterrupt in between (here raised where
+        ``_set_SIGCHLD_handler`` runs) used to leave the record, and the next iterator
+        at the same address failed with ValueError ("called only once"): found by
+        ``make stress-ft`` in the Ctrl-C test.
+        """
+        recorded: list[int] = []
+        record = signal_handling._set_worker_pids
+
+        def spy(key: int, pids: tuple[int, ...]) -> None:
+            recorded.append(key)
+            record(key, pids)
+
+        def interrupted() -> None:
+            raise KeyboardInterrupt
+
+        unraisable: list[Any] = []
+        data = DataLoader(list(range(8)), batch_size=2, num_workers=2)
+        background = BackgroundLoader(data, depth=2)
+        loader = CudaPrefetcher(background, device="cpu") if stacked else background
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "unraisablehook", unraisable.append)
+            patch.setattr(signal_handling, "_set_worker_pids", spy)
+            patch.setattr(signal_handling, "_set_SIGCHLD_handler", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                next(iter(loader))
+            gc.collect()
+        # torch's own: the half-built iterator's __del__ reads a field __init__ never set.
+        assert all("_workers_status" in str(u.exc_value) for u in unraisable), unraisable
+        assert len(recorded) == 1
+        # No record is left under the dead iterator's id: recording it again works.
+        signal_handling._set_worker_pids(recorded[0], (os.getpid(),))
+        signal_handling._remove_worker_pids(recorded[0])
+        assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        threads, children = settle(15.0)
+        assert threads == [] and children == []

@@ -47,6 +47,7 @@ from prefetch._shared.epoch import (
     start_epoch,
     start_if_idle,
 )
+from prefetch._shared.interrupted_start import forget_interrupted_start
 from prefetch._shared.stateful import NotStatefulError, read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
@@ -219,7 +220,11 @@ class LoaderWrapper:
         else:
             self._epochs.forget_dropped()
         self._started = max(self._started, serial)
-        source = iter(loader)
+        try:
+            source = iter(loader)
+        except BaseException as error:  # Ctrl-C while torch started workers: see the module
+            forget_interrupted_start(error)
+            raise
         if isinstance(source, EpochIterator):  # a wrapper below starts now too, on this thread
             start_if_idle(source)
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
