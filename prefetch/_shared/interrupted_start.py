@@ -28,8 +28,6 @@ from typing import Any
 
 from torch.utils.data._utils import signal_handling
 
-__all__ = ["forget_interrupted_start"]
-
 
 def _half_built(error: BaseException) -> list[Any]:
     """The DataLoader iterators whose ``__init__`` raised ``error`` before flagging their pids."""
