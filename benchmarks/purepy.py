@@ -43,9 +43,11 @@ from benchmarks.jpeg_variants import available
 from benchmarks.memory import INTERVAL, ROOT, run_child
 from benchmarks.records import WORDS
 
-__all__ = ["BATCH", "Interpreter", "free_threaded", "run"]
+__all__ = ["BATCH", "QUICK_BATCH", "Interpreter", "free_threaded", "run"]
 
-BATCH = 32
+BATCH = 64
+"""Records per batch: what people train with (a quick run uses :data:`QUICK_BATCH`)."""
+QUICK_BATCH = 16
 FULL = (
     ("dataloader", 0),
     ("dataloader", 2),
@@ -193,13 +195,14 @@ def _targets(
 def run(config: Config) -> WorkloadResult:
     """Run every variant on each interpreter, interleaved, and report; see the module docstring."""
     records = config.size(2048, 64)
+    batch = config.size(BATCH, QUICK_BATCH)
     interpreters, why = _interpreters()
     plan = [v for v in (QUICK if config.quick else FULL) if not available(v[0])]
     runners: dict[str, Callable[[], Measure]] = {}
     for interpreter in interpreters:
         for method, level in plan:
             spec = {"workload": "purepy", "method": method, "concurrency": level}
-            spec.update({"batch_size": BATCH, "records": records, "words": WORDS})
+            spec.update({"batch_size": batch, "records": records, "words": WORDS})
             runners[_name(interpreter, method, level)] = _runner(spec, interpreter)
     repeats = min(config.repeats, 3)
     samples = interleave(runners, repeats, "purepy  ", warmup=False)
@@ -211,7 +214,7 @@ def run(config: Config) -> WorkloadResult:
             f"{records} synthetic text records held in a Python list; each item parses one "
             f"({WORDS} words: fields split, text tokenised character by character, tokens and "
             "character trigrams hashed in Python into 256 counts; about 2 ms of CPU on 3.11, no "
-            f"I/O); batches of {BATCH}; no training step. One epoch per run, in a fresh process "
+            f"I/O); batches of {batch}; no training step. One epoch per run, in a fresh process "
             "(free-threaded ones with PYTHON_GIL=0), timed from building the loader to the last "
             "batch. ParallelMapper(thread): torchdata's thread pool over the same batches, "
             "a reference for how far the work itself scales in threads. 'vs plain' and "
@@ -225,7 +228,7 @@ def run(config: Config) -> WorkloadResult:
         params={
             "records": records,
             "words": WORDS,
-            "batch_size": BATCH,
+            "batch_size": batch,
             "repeats": repeats,
             "interpreters": {i.label: f"Python {i.version}, torch {i.torch}" for i in interpreters},
         },
