@@ -281,7 +281,7 @@ class TestErrors:
 
     def test_dead_thread_raises_runtime_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """If the thread dies without a message, next() raises RuntimeError promptly."""
-        monkeypatch.setattr(Engine, "_work", lambda self, held: self.leave(None, held))
+        monkeypatch.setattr(Engine, "_work", lambda self, held: self._leave(None, held))
         it = iter(BackgroundLoader(range(3)))
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="exited without"):

@@ -15,7 +15,6 @@ import torch
 
 from prefetch import BackgroundLoader
 from prefetch._threads import engine as engine_module
-from prefetch._threads import engine_threads
 from prefetch._threads.engine import Engine
 
 from .liveness import consume, describe, engine_of, take, threads_blocked, wait_for
@@ -26,8 +25,7 @@ LIVENESS = 2.0
 @pytest.fixture
 def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """A blocked producer re-checks only after 30 s: every wake-up must be delivered."""
-    monkeypatch.setattr(engine_module, "POLL_SECONDS", 30.0)  # the consumer's waits
-    monkeypatch.setattr(engine_threads, "POLL_SECONDS", 30.0)  # the threads' waits
+    monkeypatch.setattr(engine_module, "POLL_SECONDS", 30.0)  # both sides' waits
 
 
 @pytest.mark.usefixtures("no_poll")

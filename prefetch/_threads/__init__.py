@@ -4,9 +4,12 @@
   consumer end of one epoch; :mod:`.keywords`: the error for a keyword the
   loader does not take (a DataLoader's, a typo).
 * :mod:`.engine`: the only place that starts threads; every concurrency
-  invariant is written in its docstring. :mod:`.engine_threads` holds the
-  engine's methods the threads call (one class, split for size).
-* :mod:`.tasks`: what a thread draws (in order) and runs (in parallel);
+  invariant is written in its docstring. It counts what is in flight with
+  :mod:`.tickets` and hands runs over in order with :mod:`.handover`; its
+  threads run a producer (:mod:`.producers` over an iterator,
+  :mod:`.sample_fetch` over a DataLoader's samples) typed against
+  :mod:`.thread_side`, and post what :mod:`.messages` describes.
+* :mod:`.tasks`: what a thread draws (in order) and reads (in parallel);
   :mod:`.parallel_fetch`: a DataLoader's batches read in several threads;
   :mod:`.sampler_seed`: a seeded shuffle started on the caller's thread;
   :mod:`.fetch_options`: the ``fetch_threads`` ceilings and ``thread_init_fn``;

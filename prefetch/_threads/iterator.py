@@ -25,9 +25,9 @@ Invariants:
   ``max(REPORT_EVERY, depth)`` quiet hand-offs: the fast path stops there.
 * Only the latest epoch reports to the depth and thread policies; an older
   one still open keeps the depth and threads it had.
-* An ``Exception`` the source raised (``RAISED``) is re-raised in its place
+* An ``Exception`` the source raised (``RAISE_AND_GO_ON``) is re-raised in its place
   and the epoch goes on: the next ``next()`` returns what the source gave
-  after it. A final error (``ERROR``: a ``BaseException``, or the error of a
+  after it. A final error (``RAISE_AND_END``: a ``BaseException``, or the error of a
   DataLoader that lost a worker process) or the end stops the engine first.
 * The frame that re-raises an error does not hold the iterator (``self`` is
   deleted before the error leaves), so an error kept alive by its caller
@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from prefetch._shared.epoch import CLOSE_TIMEOUT, STUCK_GRACE, EpochIterator, EpochRecord
 from prefetch._threads.engine import Engine
-from prefetch._threads.messages import END, RAISED, STOPPED, Message, Run
+from prefetch._threads.messages import Kind, Message, Run
 from prefetch._threads.policy import THREADS, Control, Fixed
 
 T = TypeVar("T")
@@ -224,16 +224,16 @@ class BackgroundIterator(EpochIterator[T]):
         """Act on the message after the current run: raise its error, or end the epoch."""
         message, self._end_message = self._end_message, None
         assert message is not None
-        if message.kind == RAISED:  # the source goes on after it
-            self._unreturned += 1  # its ticket
+        if message.kind is Kind.RAISE_AND_GO_ON:  # the source goes on after it: its ticket
+            self._unreturned += 1
             if message.state is not None:
                 self._record.state = message.state  # the failed batch was drawn: resume after it
             error = message.error
         else:
             self._finish()
-            if message.kind == STOPPED:  # close() from another thread while this one waited
+            if message.kind is Kind.STOPPED:  # close() from another thread while this one waited
                 return
-            if message.kind == END:
+            if message.kind is Kind.END:
                 self._record.state = message.state  # read after StopIteration: the next epoch's
                 raise StopIteration
             error = message.error

@@ -5,9 +5,10 @@ The *draw* is the DataLoader's own ``next()`` with its fetcher swapped for
 one that returns the batch's indices instead of reading them: the sampler,
 its random draws, the counters and a ``StatefulDataLoader``'s checkpoint
 state move exactly as in a plain loop, in order, on one thread at a time.
-The *run* reads the samples (``dataset.__getitems__`` where the dataset has
-it, else ``dataset[i]`` for each index) and applies ``collate_fn``, as the
-DataLoader's own fetcher does, on any of the engine's threads. So the
+The *reads* take the samples (``dataset.__getitems__`` where the dataset has
+it, else ``dataset[i]`` for each index), unit by unit on any of the engine's
+threads, and ``collate_fn`` joins them, as the DataLoader's own fetcher
+does. So the
 batches are the DataLoader's, bit for bit, for the same seed, and a
 checkpoint resumes exactly.
 
@@ -46,14 +47,14 @@ class _Indices:
 class SamplerTasks:
     """Tasks of a map-style DataLoader: draw indices in order, read and collate in parallel.
 
-    Made by :func:`sampler_tasks`. At the grain of batches (``grain="batch"``)
-    a thread runs a whole batch (:meth:`run`); at the grain of samples, the
-    default, a drawn batch is planned as units on the :attr:`board`
-    (:meth:`plan`), read by any thread (:meth:`read`) and collated once all
-    are in (:meth:`join`); see :mod:`prefetch._threads.sample_fetch`.
+    Made by :func:`sampler_tasks`. A drawn batch is planned as units on the
+    :attr:`board` (:meth:`plan`), read by any thread (:meth:`read`) and
+    collated once all are in (:meth:`join`); see
+    :mod:`prefetch._threads.sample_fetch`. At the grain of samples, the
+    default, a unit is a sample (or, for a dataset with ``__getitems__``, a
+    chunk per thread); at the grain of batches (``grain="batch"``) the whole
+    batch is one unit, read by one thread as a worker process reads it.
     """
-
-    parallel = True
 
     def __init__(
         self, loader: DataLoader[Any], iterator: Iterator[Any], grain: str = "sample"
@@ -70,49 +71,21 @@ class SamplerTasks:
         self._pin_device = getattr(iterator, "_pin_memory_device", None)
 
     def draw(self) -> Any:
-        """Return the next batch's indices (the DataLoader's ``next()``, without the reads).
-
-        At the grain of batches, with the batch's number in the epoch (for :meth:`run`).
-        """
-        task = next(self._iterator)
-        if self.sample_grain:
-            return task
-        return self._number(-1), task
+        """Return the next batch's indices (the DataLoader's ``next()``, without the reads)."""
+        return next(self._iterator)
 
     def _number(self, seq: int) -> int:
         """The number in the epoch of the batch just drawn (it resumes with the loader)."""
         return int(getattr(self._iterator, "_num_yielded", seq + 1)) - 1
 
-    def run(self, task: Any) -> tuple[Any, float]:
-        """Read the samples of ``task`` and collate them; return the batch and collate time."""
-        number, indices = task
-        dataset = self._dataset
-        try:
-            enter_sample(number, 0)
-            if self._getitems is not None:
-                data = self._getitems(indices)
-            elif self._batched:
-                data = []
-                for position, index in enumerate(indices):
-                    enter_sample(number, position)
-                    data.append(dataset[index])
-            else:
-                data = dataset[indices]
-        finally:
-            leave_sample()
-        started = time.perf_counter()
-        batch = self._collate(data)
-        collated = time.perf_counter() - started
-        if self._pin:  # as the DataLoader pins its batches
-            batch = pin_memory(batch, self._pin_device)  # type: ignore[no-untyped-call]
-        return batch, collated
-
     def plan(self, seq: int, task: Any, state: Any, threads: int) -> Reading:
-        """Split a drawn batch into units: a sample each, or ``threads`` chunks (__getitems__)."""
+        """Split a drawn batch into units: a sample each, ``threads`` chunks, or the batch."""
         number = self._number(seq)
         if not self._batched:
             return Reading(seq, number, [task], [0], 1, state)
         indices = list(task)
+        if not self.sample_grain:
+            return Reading(seq, number, [indices], [0], len(indices), state)
         if self._getitems is None:
             return Reading(seq, number, indices, list(range(len(indices))), len(indices), state)
         size = max(1, -(-len(indices) // max(1, threads)))
@@ -123,18 +96,25 @@ class SamplerTasks:
     def read(self, batch: Reading, unit: int) -> Any:
         """Read one unit of ``batch`` (any thread), with its samples' seeds in reach."""
         index = batch.units[unit]
-        enter_sample(batch.number, batch.starts[unit])
+        start = batch.starts[unit]
+        enter_sample(batch.number, start)
         try:
             if self._getitems is not None:
                 return self._getitems(index)
-            return self._dataset[index]
+            if not self._batched or self.sample_grain:
+                return self._dataset[index]
+            data = []  # the whole batch, sample by sample, as the DataLoader's fetcher reads
+            for position, sample in enumerate(index, start):
+                enter_sample(batch.number, position)
+                data.append(self._dataset[sample])
+            return data
         finally:
             leave_sample()
 
     def join(self, batch: Reading) -> tuple[Any, float]:
         """Collate a complete batch's units in order (and pin it); return it and collate time."""
         parts = batch.parts
-        if not self._batched:
+        if not self._batched or not self.sample_grain:
             data = parts[0]
         elif self._getitems is not None:
             data = [sample for part in parts for sample in part]

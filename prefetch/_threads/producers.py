@@ -1,20 +1,19 @@
-"""What an engine's threads run: draw, prepare, post (see :mod:`prefetch._threads.engine`).
+"""What an engine's one thread over an iterator runs: draw, prepare, post.
 
-* :func:`draw_runs`: the one thread over an iterator. It takes every free
-  ticket at once, draws that many items without the lock and posts them as
-  one :class:`~prefetch._threads.messages.Run`, or sooner: when the consumer
-  waits for them (after a few, or after :data:`POST_AFTER` seconds), and at
-  least every :data:`POST_AFTER` seconds of drawing (the items per post
-  follow the measured rate). A fast source and a fast loop then meet once
-  per run, not once per item.
-* :func:`fetch_in_parallel`: one of N threads over a map-style DataLoader.
-  Each draws one task in order (under the engine's draw lock), runs it
-  outside any lock, and posts the batch as a run of one, taking its next
-  ticket in the same locked section.
+:func:`draw_runs` takes every free ticket at once, draws that many items
+without the lock and posts them as one :class:`~prefetch._threads.messages.Run`,
+or sooner: when the consumer waits for them (after a few, or after
+:data:`POST_AFTER` seconds), and at least every :data:`POST_AFTER` seconds of
+drawing (the items per post follow the measured rate). A fast source and a
+fast loop then meet once per run, not once per item. (Several threads over a
+DataLoader's samples run :mod:`prefetch._threads.sample_fetch` instead.)
 
-Both keep every invariant of the engine: a ticket per draw, every item and
-error in its place, the end and a ``BaseException`` returned as the final
-message for the last thread to post.
+It keeps every invariant of :mod:`prefetch._threads.engine`: a ticket per
+draw, every item and error in its place (what the thread caught becomes a
+message in one place, :func:`~prefetch._threads.messages.message_for`), the
+end and a ``BaseException`` returned as the final message for the last thread
+to post. It writes no shared field: the sequence numbers it posts at are its
+own until :meth:`~prefetch._threads.thread_side.ThreadSide.post` records them.
 """
 
 from __future__ import annotations
@@ -25,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from prefetch._shared.profiling import profiling, span
 from prefetch._shared.structure import tensor_nbytes
-from prefetch._threads.messages import END, ERROR, RAISED, Final, Message, Run
+from prefetch._threads.messages import Final, Message, Run, message_for
 
 if TYPE_CHECKING:
-    from prefetch._threads.engine import Engine
+    from prefetch._threads.tasks import Tasks
+    from prefetch._threads.thread_side import ThreadSide
+    from prefetch._threads.tickets import Held
 
 POST_AFTER = 50e-6
 """Longest a thread holds drawn items back before posting them (to post many at once)."""
@@ -36,34 +37,30 @@ ALL = sys.maxsize
 """Take every free ticket."""
 
 
-class Held:
-    """Tickets one thread holds that no posted run holds (given back when it leaves)."""
-
-    __slots__ = ("tickets",)
-
-    def __init__(self) -> None:
-        self.tickets = 0
+def finish(engine: ThreadSide, seq: int, message: Message) -> Final:
+    """End the epoch with the final ``message``, numbered ``seq`` (every producer's last step)."""
+    engine.end(source_ended=message.error is None)
+    return Final(seq, message)
 
 
-def draw_runs(engine: Engine, held: Held) -> Final | None:
+def draw_runs(engine: ThreadSide, tasks: Tasks, held: Held) -> Final | None:
     """Draw the source's items in runs until it ends or the engine stops; see the module.
 
-    Returns the final message (``END`` or ``ERROR``), or ``None`` if the
-    thread is to leave without one.
+    Returns the final message (the end, or an error that ends the epoch), or
+    ``None`` if the thread is to leave without one.
     """
-    draw = engine.tasks.draw
+    draw = tasks.draw
     prepare, read_state = engine.spec.prepare, engine.spec.read_state
     sized = engine.max_bytes is not None
     post_every = 1  # items per post: one until the rate is known
+    seq = 0  # this thread is the only one: it numbers every draw
     count = engine.take_tickets(held, ALL)
     while count:
         traced = profiling()
-        seq = engine.next_seq
         items: list[Any] = []
         states: list[Any] | None = [] if read_state is not None else None
         sizes: list[int] | None = [] if sized else None
         end: Message | None = None
-        final: Final | None = None
         # Items a waiting consumer is woken for at once. With the GIL it cannot run before
         # this thread blocks or waits in the source (then POST_AFTER posts): no early post.
         wake = max(1, count // 4) if engine.parallel_python else count
@@ -77,21 +74,8 @@ def draw_runs(engine: Engine, held: Held) -> Final | None:
                         item = draw()
                 else:
                     item = draw()
-            except StopIteration:
-                engine.end(source_ended=True)
-                state = read_state() if read_state is not None else None
-                final = Final(seq + len(items), Message(END, None, state))
-                break
-            except Exception as error:  # the source decides whether it goes on
-                if engine.tasks.broken():  # a DataLoader that lost a worker cannot
-                    engine.end(source_ended=False)
-                    final = Final(seq + len(items), Message(ERROR, error, None))
-                    break
-                end = Message(RAISED, error, None)
-                break
             except BaseException as error:
-                engine.end(source_ended=False)
-                final = Final(seq + len(items), Message(ERROR, error, None))
+                end = message_for(error, drawing=True, read_state=read_state, broken=tasks.broken)
                 break
             state = read_state() if read_state is not None else None
             if prepare is not None or sizes is not None:
@@ -100,12 +84,8 @@ def draw_runs(engine: Engine, held: Held) -> Final | None:
                         item = prepare(item)
                     if sizes is not None:
                         sizes.append(tensor_nbytes(item))
-                except Exception as error:  # the draw moved the state on: the error carries it
-                    end = Message(RAISED, error, state)
-                    break
-                except BaseException as error:
-                    engine.end(source_ended=False)
-                    final = Final(seq + len(items), Message(ERROR, error, None))
+                except BaseException as error:  # the draw moved the state on: it carries it
+                    end = message_for(error, drawing=False, state=state)
                     break
             items.append(item)
             if states is not None:
@@ -117,18 +97,17 @@ def draw_runs(engine: Engine, held: Held) -> Final | None:
                     engine.post(seq, Run(items, states, sizes), held, seconds=now - mark)
                     post_every = _per_post(now - mark, drawn)
                     seq += drawn
-                    engine.next_seq = seq
                     items = []
                     states = [] if states is not None else None
                     sizes = [] if sizes is not None else None
                     mark = now
         spent = time.perf_counter() - mark
+        if end is not None and end.kind.final:  # its ticket stays held until the thread leaves
+            engine.post(seq, Run(items, states, sizes), held, seconds=spent, unused=count - used)
+            return finish(engine, seq + len(items), end)
         run = Run(items, states, sizes, end)
-        if final is not None:  # its ticket stays held until the thread leaves
-            engine.post(seq, run, held, seconds=spent, unused=count - used)
-            return final
         count = engine.post(seq, run, held, seconds=spent, unused=count - used, take=ALL)
-        engine.next_seq = seq + run.numbers
+        seq += run.numbers
         if items:
             post_every = _per_post(spent, len(items))
         # What was posted is the consumer's now: an error re-raised there carries the loop's
@@ -146,74 +125,9 @@ def _per_post(seconds: float, items: int) -> int:
     return max(1, int(POST_AFTER * items / seconds))
 
 
-def draw_task(tasks: Any) -> Any:
+def draw_task(tasks: Tasks) -> Any:
     """Draw the next task of ``tasks`` (within a profiler span while profiling)."""
     if profiling():
         with span("prefetch.fetch"):
             return tasks.draw()
     return tasks.draw()
-
-
-def fetch_in_parallel(engine: Engine, held: Held) -> Final | None:
-    """Draw, run and post one task at a time, beside the engine's other threads.
-
-    Returns the final message, or ``None`` if the thread is to leave without one.
-    """
-    tasks, clock = engine.tasks, engine.clock
-    prepare, read_state = engine.spec.prepare, engine.spec.read_state
-    sized = engine.max_bytes is not None
-    slot = engine.add_fetch_slot()
-    ticket = engine.take_tickets(held, 1)
-    while ticket:
-        started, cpu = time.perf_counter(), clock()
-        task: Any = None
-        state: Any = None
-        raised: Exception | None = None
-        with engine.draw_lock:
-            if engine.over:
-                engine.post(-1, Run([]), held, seconds=0.0, unused=1)
-                return None
-            seq = engine.next_seq
-            engine.next_seq = seq + 1
-            try:
-                task = draw_task(tasks)
-            except StopIteration:
-                engine.end(source_ended=True)
-                state = read_state() if read_state is not None else None
-                return Final(seq, Message(END, None, state))
-            except Exception as error:  # the source decides whether it goes on
-                raised = error
-            except BaseException as error:
-                engine.end(source_ended=False)
-                return Final(seq, Message(ERROR, error, None))
-            else:
-                state = read_state() if read_state is not None else None
-        collate = 0.0
-        try:
-            if raised is not None:
-                run = Run([], end=Message(RAISED, raised, None))
-            else:
-                item, collate = tasks.run(task)
-                del task
-                if prepare is not None:
-                    item = prepare(item)
-                run = Run(
-                    [item],
-                    [state] if read_state is not None else None,
-                    [tensor_nbytes(item)] if sized else None,
-                )
-                del item
-        except Exception as error:  # the draw moved the state on: the error carries it
-            run = Run([], end=Message(RAISED, error, state))
-        except BaseException as error:
-            engine.end(source_ended=False)
-            return Final(seq, Message(ERROR, error, None))
-        del raised
-        spent = time.perf_counter() - started
-        ticket = engine.post(
-            seq, run, held, seconds=spent, cpu=clock() - cpu, take=1, slot=slot, collate=collate
-        )
-        del run
-        if not ticket:
-            ticket = engine.take_tickets(held, 1)
-    return None

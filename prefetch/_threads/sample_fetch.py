@@ -1,7 +1,9 @@
-"""Sample-grain parallel fetch: what each of an engine's N threads runs.
+"""Parallel fetch: what each of an engine's N threads runs over a DataLoader's samples.
 
-:func:`fetch_samples` is the producer for a map-style DataLoader read at the
-grain of samples (the default for ``fetch_threads``). Each thread loops:
+:func:`fetch_samples` is the producer for a map-style DataLoader read by
+``fetch_threads`` (both grains: a unit is a sample, a chunk, or the whole
+batch; see :class:`~prefetch._threads.parallel_fetch.SamplerTasks`). Each
+thread loops:
 
 1. take the next unread unit of the earliest batch on the
    :class:`~prefetch._threads.sample_board.SampleBoard` and read it outside
@@ -15,7 +17,8 @@ So a batch is read by every free thread at once, the first batch arrives
 after about ``batch_size / threads`` reads, and what is in flight is the
 ready batches plus the one or two being read, in samples. It keeps every
 invariant of :mod:`prefetch._threads.engine` (a ticket per draw, held by the
-batch until it is posted; every batch and error in its place; ``END`` and a
+batch until it is posted; every batch and error in its place, each made a
+message by :func:`~prefetch._threads.messages.message_for`; the end and a
 ``BaseException`` as the final message), and those of the board.
 """
 
@@ -25,22 +28,21 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from prefetch._shared.structure import tensor_nbytes
-from prefetch._threads.messages import END, ERROR, RAISED, Final, Message, Run
-from prefetch._threads.producers import draw_task
-from prefetch._threads.sample_board import Reading
+from prefetch._threads.messages import Final, Message, Run, message_for
+from prefetch._threads.producers import draw_task, finish
 
 if TYPE_CHECKING:
-    from prefetch._threads.engine import Engine
-    from prefetch._threads.parallel_fetch import SamplerTasks
-    from prefetch._threads.producers import Held
+    from prefetch._threads.sample_board import Reading
+    from prefetch._threads.tasks import BoardTasks
+    from prefetch._threads.thread_side import ThreadSide
+    from prefetch._threads.tickets import Held
 
 
-def fetch_samples(engine: Engine, held: Held) -> Final | None:
+def fetch_samples(engine: ThreadSide, tasks: BoardTasks, held: Held) -> Final | None:
     """Read units, complete batches and draw new ones until the epoch ends; see the module.
 
     Returns the final message, or ``None`` if the thread is to leave without one.
     """
-    tasks: SamplerTasks = engine.tasks  # type: ignore[assignment]
     board = tasks.board
     slot = engine.add_fetch_slot()
     ticket = 0  # a ticket this thread took for its next draw
@@ -75,28 +77,25 @@ def fetch_samples(engine: Engine, held: Held) -> Final | None:
             held.tickets += board.cut(0)
 
 
-def _draw(engine: Engine, tasks: SamplerTasks, held: Held, slot: int) -> tuple[Final | None, bool]:
+def _draw(
+    engine: ThreadSide, tasks: BoardTasks, held: Held, slot: int
+) -> tuple[Final | None, bool]:
     """Draw a batch with the ticket ``held`` has; return a final message, and whether it drew."""
     read_state = engine.spec.read_state
     with engine.draw_lock:
         if engine.over or tasks.board.has_work():
             return None, False  # keep the ticket for later
-        seq = engine.next_seq
-        engine.next_seq = seq + 1
+        seq = engine.number()
         started = time.perf_counter()
         try:
             task = draw_task(tasks)
-        except StopIteration:
-            engine.end(source_ended=True)
-            state = read_state() if read_state is not None else None
-            return Final(seq, Message(END, None, state)), False
-        except Exception as error:  # the source decides whether it goes on
-            run = Run([], end=Message(RAISED, error, None))
-            engine.post(seq, run, held, seconds=time.perf_counter() - started)
-            return None, True
         except BaseException as error:
-            engine.end(source_ended=False)
-            return Final(seq, Message(ERROR, error, None)), False
+            message = message_for(error, drawing=True, read_state=read_state, broken=tasks.broken)
+            del error
+            if message.kind.final:
+                return finish(engine, seq, message), False
+            engine.post(seq, Run([], end=message), held, seconds=time.perf_counter() - started)
+            return None, True
         state = read_state() if read_state is not None else None
         reading = tasks.plan(seq, task, state, engine.thread_count())
         held.tickets -= 1  # the batch holds the ticket now (see the board's invariants)
@@ -110,7 +109,7 @@ def _draw(engine: Engine, tasks: SamplerTasks, held: Held, slot: int) -> tuple[F
 
 
 def _read(
-    engine: Engine, tasks: SamplerTasks, batch: Reading, unit: int, held: Held, slot: int
+    engine: ThreadSide, tasks: BoardTasks, batch: Reading, unit: int, held: Held, slot: int
 ) -> Final | None:
     """Read one unit; post its batch if that completed it. Return a final message, if any."""
     board = tasks.board
@@ -130,21 +129,18 @@ def _read(
 
 
 def _post(
-    engine: Engine, tasks: SamplerTasks, batch: Reading, held: Held, slot: int
+    engine: ThreadSide, tasks: BoardTasks, batch: Reading, held: Held, slot: int
 ) -> Final | None:
     """Collate a complete batch and post it at its place, with the ticket it holds."""
     prepare = engine.spec.prepare
     started = time.perf_counter()
     collate = 0.0
-    error = batch.first_error()
-    if error is not None and not isinstance(error, Exception):  # ends the epoch, in its place
-        engine.end(source_ended=False)
-        held.tickets += 1 + tasks.board.cut(batch.seq + 1)  # a final message holds none
-        return Final(batch.seq, Message(ERROR, error, None))
-    try:
-        if error is not None:
-            run = Run([], end=Message(RAISED, error, batch.state))
-        else:
+    message: Message | None = None
+    error = batch.first_error()  # a unit's error: the batch raises it
+    if error is not None:
+        message = message_for(error, drawing=False, state=batch.state)
+    else:
+        try:
             item, collate = tasks.join(batch)
             if prepare is not None:
                 item = prepare(item)
@@ -154,13 +150,16 @@ def _post(
                 [tensor_nbytes(item)] if engine.max_bytes is not None else None,
             )
             del item
-    except Exception as raised:  # collate_fn raised: the batch raises it
-        run = Run([], end=Message(RAISED, raised, batch.state))
-    except BaseException as raised:
-        engine.end(source_ended=False)
-        held.tickets += 1 + tasks.board.cut(batch.seq + 1)
-        return Final(batch.seq, Message(ERROR, raised, None))
+        except BaseException as raised:  # collate_fn raised: the batch raises it
+            message = message_for(raised, drawing=False, state=batch.state)
     del error
+    if message is not None:
+        if message.kind.final:  # no thread draws again, then the later batches are dropped
+            final = finish(engine, batch.seq, message)
+            held.tickets += 1 + tasks.board.cut(batch.seq + 1)  # a final message holds none
+            return final
+        run = Run([], end=message)
+        del message
     held.tickets += 1  # the batch's ticket, posted with it
     engine.post(
         batch.seq, run, held, seconds=time.perf_counter() - started, slot=slot, collate=collate

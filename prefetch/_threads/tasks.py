@@ -1,46 +1,60 @@
-"""What the engine's threads do with a source: draw in order, run in parallel.
+r"""What the engine's threads do with a source: draw in order, read in parallel.
 
-An :class:`~prefetch._threads.engine.Engine` asks its source for work in two steps.
+An :class:`~prefetch._threads.engine.Engine` asks its source for work.
 :meth:`Tasks.draw` is called by one thread at a time, in order, so the
 source's position (its iterator, its sampler, its checkpoint state) moves
-exactly as in a plain loop. :meth:`Tasks.run` is called outside that order,
-by as many threads as the engine has, and does the slow part.
+exactly as in a plain loop. What comes after the draw is read outside that
+order, by as many threads as the engine has, and does the slow part.
 
 * :class:`IteratorTasks`: any iterator. ``draw`` is ``next(source)`` (all the
-  work); ``run`` has nothing left to do. One thread: an iterator cannot be
-  read in parallel.
-* :class:`~prefetch._threads.parallel_fetch.SamplerTasks`: a map-style DataLoader.
-  ``draw`` takes the next batch of indices from the DataLoader's own
-  iterator; ``run`` reads the samples and collates them.
+  work). One thread: an iterator cannot be read in parallel.
+* :class:`BoardTasks`, such as
+  :class:`~prefetch._threads.parallel_fetch.SamplerTasks`: a map-style
+  DataLoader. ``draw`` takes the next batch of indices from the DataLoader's
+  own iterator; ``plan`` splits it into units on the shared ``board``
+  (samples, chunks, or the whole batch as one unit); any thread ``read``\ s a
+  unit, and ``join`` collates a batch whose units are all in
+  (:mod:`prefetch._threads.sample_fetch`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from prefetch._shared.dead_workers import lost_a_worker
 from prefetch._shared.epoch import release_source
+from prefetch._threads.sample_board import Reading, SampleBoard
 
 
 class Tasks(Protocol):
-    """The source of an engine: ordered draws, parallel runs (see the module)."""
-
-    parallel: bool
-    """Whether :meth:`run` does the work, so several threads can share it (``False``: the
-    draw made the item, and one thread does everything)."""
+    """The source of an engine: ordered draws (see the module)."""
 
     def draw(self) -> Any:
         """Return the next task; raise ``StopIteration`` at the end (one caller at a time)."""
-
-    def run(self, task: Any) -> tuple[Any, float]:
-        """Do ``task`` (any thread); return the item and the seconds spent collating."""
 
     def release(self) -> None:
         """Shut down what the source holds, once no thread uses it any more."""
 
     def broken(self) -> bool:
         """Whether the source, having just raised an ``Exception``, must not be drawn again."""
+
+
+@runtime_checkable
+class BoardTasks(Tasks, Protocol):
+    """A source whose draws are read in parallel, in units on a shared board (see the module)."""
+
+    board: SampleBoard
+    """The batches drawn and not yet complete, shared by the engine's threads."""
+
+    def plan(self, seq: int, task: Any, state: Any, threads: int) -> Reading:
+        """Split the drawn ``task`` (numbered ``seq``) into units for the board."""
+
+    def read(self, batch: Reading, unit: int) -> Any:
+        """Read one unit of ``batch`` (any thread)."""
+
+    def join(self, batch: Reading) -> tuple[Any, float]:
+        """Make the item of a complete ``batch``; return it and the seconds spent collating."""
 
 
 class ProducerSpec(NamedTuple):
@@ -63,26 +77,21 @@ class ProducerSpec(NamedTuple):
 
 
 class IteratorTasks:
-    """Tasks of a plain iterator: ``draw`` is ``next(source)``; ``run`` returns it.
+    """Tasks of a plain iterator: ``draw`` is ``next(source)``, and makes the item.
 
     Example:
         >>> tasks = IteratorTasks(iter("ab"), owned=True)
-        >>> tasks.run(tasks.draw())
-        ('a', 0.0)
+        >>> tasks.draw()
+        'a'
     """
 
     __slots__ = ("draw", "owned", "source")
-    parallel = False
 
     def __init__(self, source: Iterator[Any], owned: bool) -> None:
         self.source = source
         self.owned = owned
         self.draw: Callable[[], Any] = source.__next__
         """Return the source's next item (its own ``__next__``: no call in between)."""
-
-    def run(self, task: Any) -> tuple[Any, float]:
-        """Return ``task``: the item was made by :meth:`draw`."""
-        return task, 0.0
 
     def release(self) -> None:
         """Release the source iterator (see :func:`~prefetch._shared.epoch.release_source`)."""
