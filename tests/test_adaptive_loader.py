@@ -27,6 +27,7 @@ from prefetch._threads.depth_policy import (
 from prefetch._threads.engine import Engine
 from prefetch._threads.iterator import REPORT_EVERY
 from prefetch._threads.loader import DEFAULT_MAX_BYTES
+from prefetch._threads.thread_side import ThreadSide
 
 from .liveness import consume, engine_of
 from .processes import prefetch_threads, wait_until
@@ -219,17 +220,17 @@ class TestAdaptsWithThreads:
 
 @pytest.fixture
 def posts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Spy on Engine.post: (tickets in flight, tensor bytes buffered) after each run posted."""
+    """Spy on ThreadSide.post: (tickets in flight, tensor bytes buffered) after each run posted."""
     seen: list[tuple[int, int]] = []
-    original = Engine.post
+    original = ThreadSide.post
 
-    def spy(self: Engine, *args: Any, **kwargs: Any) -> int:
+    def spy(self: ThreadSide, *args: Any, **kwargs: Any) -> int:
         took_next = original(self, *args, **kwargs)
-        figures = self.snapshot()
+        figures = self.shared.snapshot()
         seen.append((figures.in_flight - took_next, figures.buffered_bytes))
         return took_next
 
-    monkeypatch.setattr(Engine, "post", spy)
+    monkeypatch.setattr(ThreadSide, "post", spy)
     return seen
 
 

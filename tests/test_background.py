@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 import prefetch
 from prefetch import BackgroundLoader
 from prefetch._threads.engine import Engine
+from prefetch._threads.thread_side import ThreadSide
 
 from .processes import prefetch_threads, wait_until
 from .sources import Stateful
@@ -180,18 +181,18 @@ class TestDepth:
     def test_engine_never_exceeds_depth(self, depth: int) -> None:
         """The engine's count of items drawn and not consumed never exceeds depth."""
         seen: list[int] = []
-        original = Engine.post
+        original = ThreadSide.post
 
-        def spy(self: Engine, *args: Any, **kwargs: Any) -> int:
-            seen.append(self.snapshot().in_flight)
+        def spy(self: ThreadSide, *args: Any, **kwargs: Any) -> int:
+            seen.append(self.shared.snapshot().in_flight)
             return original(self, *args, **kwargs)
 
-        Engine.post = spy  # type: ignore[method-assign]
+        ThreadSide.post = spy  # type: ignore[method-assign]
         try:
             for _ in BackgroundLoader(range(200), depth=depth):
                 time.sleep(0.0005)
         finally:
-            Engine.post = original  # type: ignore[method-assign]
+            ThreadSide.post = original  # type: ignore[method-assign]
         assert max(seen) == depth
 
     @pytest.mark.parametrize("depth", [2.0, None, True])

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from prefetch import BackgroundLoader
-from prefetch._threads import engine as engine_module
-from prefetch._threads.engine import Engine
+from prefetch._threads import shared as shared_module
+from prefetch._threads.shared import Shared
 
 from .liveness import consume, describe, engine_of, take, threads_blocked, wait_for
 
@@ -25,7 +25,7 @@ LIVENESS = 2.0
 @pytest.fixture
 def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """A blocked producer re-checks only after 30 s: every wake-up must be delivered."""
-    monkeypatch.setattr(engine_module, "POLL_SECONDS", 30.0)  # both sides' waits
+    monkeypatch.setattr(shared_module, "POLL_SECONDS", 30.0)  # both sides' waits
 
 
 @pytest.mark.usefixtures("no_poll")
@@ -114,7 +114,7 @@ class TestALostWakeUpIsCaught:
 
     def test_without_waking_the_consumer(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A consumer waiting for an item is never woken: the bounded take() fails fast."""
-        monkeypatch.setattr(Engine, "_wake_consumer", lambda self: None)
+        monkeypatch.setattr(Shared, "wake_consumer", lambda self: None)
         started = time.monotonic()
         with pytest.raises(pytest.fail.Exception, match=r"after 2\.0 s"):
             consume(BackgroundLoader(slow_items(5), depth=2), timeout=LIVENESS)
@@ -122,7 +122,7 @@ class TestALostWakeUpIsCaught:
 
     def test_without_waking_the_producer(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A producer blocked on a full buffer is never woken: the bounded take() fails fast."""
-        monkeypatch.setattr(Engine, "_wake_threads", lambda self: None)
+        monkeypatch.setattr(Shared, "wake_threads", lambda self: None)
         started = time.monotonic()
         with pytest.raises(pytest.fail.Exception, match="blocked on a full buffer"):
             consume(BackgroundLoader(range(12), depth=2), step=0.002, timeout=LIVENESS)

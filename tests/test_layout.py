@@ -121,6 +121,6 @@ class TestNoPrivateDoors:
 
     def test_the_check_finds_a_door(self) -> None:
         """The check flags a read of another module's private name (its control)."""
-        tree = ast.parse("def peek(engine):\n    return engine._fetched\n")
+        tree = ast.parse("def peek(engine):\n    return engine._wait_for_run\n")
         engine = private_names(modules()["_threads/engine.py"])
-        assert foreign_reads(tree) == [(2, "_fetched")] and "_fetched" in engine
+        assert foreign_reads(tree) == [(2, "_wait_for_run")] and "_wait_for_run" in engine

@@ -20,6 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
 from prefetch._threads.engine import Engine
+from prefetch._threads.thread_side import ThreadSide
 
 from .liveness import consume
 from .processes import prefetch_threads, wait_until
@@ -67,9 +68,9 @@ class TestRunsForm:
         """At depth 64, 20000 ints take a few hundred posts and exchanges, not 20000."""
         posts: list[int] = []
         taken: list[int] = []
-        post, exchange = Engine.post, Engine.exchange
+        post, exchange = ThreadSide.post, Engine.exchange
 
-        def spy_post(self: Engine, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
+        def spy_post(self: ThreadSide, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
             posts.append(len(run.items))
             return post(self, seq, run, *args, **kwargs)
 
@@ -78,7 +79,7 @@ class TestRunsForm:
             taken.append(sum(len(run.items) for run in runs))
             return runs, waited
 
-        monkeypatch.setattr(Engine, "post", spy_post)
+        monkeypatch.setattr(ThreadSide, "post", spy_post)
         monkeypatch.setattr(Engine, "exchange", spy_exchange)
         assert list(BackgroundLoader(range(20_000), depth=64)) == list(range(20_000))
         assert sum(posts) == sum(taken) == 20_000
@@ -148,14 +149,14 @@ class TestBounds:
     def test_bytes_reach_and_never_pass_the_budget(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """1 KiB tensors, 8 KiB budget, depth 64: the bytes buffered peak at exactly 8 KiB."""
         seen: list[int] = []
-        post = Engine.post
+        post = ThreadSide.post
 
-        def spy(self: Engine, *args: Any, **kwargs: Any) -> int:
+        def spy(self: ThreadSide, *args: Any, **kwargs: Any) -> int:
             took = post(self, *args, **kwargs)
-            seen.append(self.snapshot().buffered_bytes)
+            seen.append(self.shared.snapshot().buffered_bytes)
             return took
 
-        monkeypatch.setattr(Engine, "post", spy)
+        monkeypatch.setattr(ThreadSide, "post", spy)
         items = [torch.zeros(256) for _ in range(100)]
         loader = BackgroundLoader(items, depth=64, max_bytes=8 * 1024)
         got = consume(loader, step=0.001)

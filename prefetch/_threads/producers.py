@@ -1,35 +1,49 @@
-"""What an engine's one thread over an iterator runs: draw, prepare, post.
+"""``Producer``: what each of an engine's threads runs, from the source to a posted run.
 
-:func:`draw_runs` takes every free ticket at once, draws that many items
-without the lock and posts them as one :class:`~prefetch._threads.messages.Run`,
-or sooner: when the consumer waits for them (after a few, or after
-:data:`POST_AFTER` seconds), and at least every :data:`POST_AFTER` seconds of
-drawing (the items per post follow the measured rate). A fast source and a
-fast loop then meet once per run, not once per item. (Several threads over a
-DataLoader's samples run :mod:`prefetch._threads.sample_fetch` instead.)
+Every thread of an engine runs one :class:`Producer` loop until the epoch
+ends or the engine stops. Each turn does one of two steps:
 
-It keeps every invariant of :mod:`prefetch._threads.engine`: a ticket per
-draw, every item and error in its place (what the thread caught becomes a
-message in one place, :func:`~prefetch._threads.messages.message_for`), the
-end and a ``BaseException`` returned as the final message for the last thread
-to post. It writes no shared field: the sequence numbers it posts at are its
-own until :meth:`~prefetch._threads.thread_side.ThreadSide.post` records them.
+1. **Read.** If the source reads its draws in parallel (a
+   :class:`~prefetch._threads.tasks.BoardTasks`: a map-style DataLoader under
+   ``fetch_threads``) and a batch on its
+   :class:`~prefetch._threads.sample_board.SampleBoard` has a unit left, take
+   the earliest such unit and read it outside any lock. The thread that reads
+   a batch's last unit collates it and posts it at the batch's number, with
+   the ticket the batch held.
+2. **Draw.** Otherwise take tickets and draw, in order, under the engine's
+   draw lock, each draw taking the next sequence number. A draw whose task is
+   the item (any iterator) joins the run the thread is building; a draw with
+   units to read goes on the board, and the thread goes back to step 1.
+
+One thread over an iterator takes every free ticket at once and posts what it
+drew as one :class:`~prefetch._threads.messages.Run` when its tickets are used
+up, at an error or the end, when the consumer waits for it (after a few, or
+after :data:`POST_AFTER` seconds), and at least every :data:`POST_AFTER`
+seconds (the items per post follow the measured rate): a fast source and a
+fast loop meet once per run, not once per item. Parallel threads take one
+ticket per batch.
+
+What a thread catches becomes a message in one place,
+:func:`~prefetch._threads.messages.message_for`. A final message (the end, a
+``BaseException``, an error the source cannot go on after) ends the loop and
+is returned to the engine, which posts it once the last thread has left. It
+keeps every invariant of :mod:`prefetch._threads.engine` and those of the
+board; a batch goes one way: source, board, run, hand-over.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefetch._shared.profiling import profiling, span
 from prefetch._shared.structure import tensor_nbytes
 from prefetch._threads.messages import Final, Message, Run, message_for
-
-if TYPE_CHECKING:
-    from prefetch._threads.tasks import Tasks
-    from prefetch._threads.thread_side import ThreadSide
-    from prefetch._threads.tickets import Held
+from prefetch._threads.sample_board import Reading
+from prefetch._threads.tasks import BoardTasks
+from prefetch._threads.thread_side import ThreadSide
+from prefetch._threads.tickets import Held
 
 POST_AFTER = 50e-6
 """Longest a thread holds drawn items back before posting them (to post many at once)."""
@@ -37,49 +51,107 @@ ALL = sys.maxsize
 """Take every free ticket."""
 
 
-def finish(engine: ThreadSide, seq: int, message: Message) -> Final:
-    """End the epoch with the final ``message``, numbered ``seq`` (every producer's last step)."""
-    engine.end(source_ended=message.error is None)
-    return Final(seq, message)
+class Producer:
+    """One thread's loop over its engine's source; see the module.
 
-
-def draw_runs(engine: ThreadSide, tasks: Tasks, held: Held) -> Final | None:
-    """Draw the source's items in runs until it ends or the engine stops; see the module.
-
-    Returns the final message (the end, or an error that ends the epoch), or
-    ``None`` if the thread is to leave without one.
+    Args:
+        side: The engine's state, as its threads see it.
+        held: The tickets this thread holds (the engine gives them back when it leaves).
     """
-    draw = tasks.draw
-    prepare, read_state = engine.spec.prepare, engine.spec.read_state
-    sized = engine.max_bytes is not None
-    post_every = 1  # items per post: one until the rate is known
-    seq = 0  # this thread is the only one: it numbers every draw
-    count = engine.take_tickets(held, ALL)
-    while count:
-        traced = profiling()
+
+    def __init__(self, side: ThreadSide, held: Held) -> None:
+        self.side, self.held = side, held
+        shared = side.shared
+        self.shared = shared
+        tasks = shared.tasks
+        self.board_tasks = tasks if isinstance(tasks, BoardTasks) else None
+        self.most = ALL if self.board_tasks is None else 1  # tickets a draw step takes
+        self.slot = -1  # this thread's entry in stats.fetch_seconds (threads that read)
+        self.post_every = 1  # items per post: one until the rate is known
+
+    def run(self) -> Final | None:
+        """Read and draw until the epoch ends; return its final message, or ``None``."""
+        side, shared, held = self.side, self.shared, self.held
+        board = self.board_tasks.board if self.board_tasks is not None else None
+        unless = board.has_work if board is not None else None
+        if board is not None:
+            self.slot = side.add_fetch_slot()
+        count = 0  # tickets taken for the next draws
+        try:
+            while not shared.stopped:
+                if board is not None:
+                    work = board.take()
+                    if work is not None:
+                        if count:  # it would wait unused while this thread reads
+                            side.give_back_ticket(held)
+                            count = 0
+                        final = self._read(*work)
+                        if final is not None:
+                            return final
+                        continue
+                if shared.over:
+                    return None  # ended: no more draws, and nothing left here to read
+                if not count:
+                    count = side.take_tickets(held, self.most, unless=unless)
+                    if not count:
+                        return None
+                    count = max(count, 0)  # -1: no ticket, but units came to read
+                    continue
+                final, count = self._draw(count)
+                if final is not None:
+                    return final
+            return None
+        finally:
+            if board is not None and shared.stopped:  # the batches on it hold tickets
+                held.tickets += board.cut(0)
+
+    def _draw(self, count: int) -> tuple[Final | None, int]:
+        """Draw with ``count`` tickets; return a final message and the tickets now held."""
+        side, shared, held = self.side, self.shared, self.held
+        tasks, board_tasks = shared.tasks, self.board_tasks
+        prepare, read_state = shared.spec.prepare, shared.spec.read_state
+        draw = tasks.draw
         items: list[Any] = []
         states: list[Any] | None = [] if read_state is not None else None
-        sizes: list[int] | None = [] if sized else None
+        sizes: list[int] | None = [] if shared.max_bytes is not None else None
         end: Message | None = None
-        # Items a waiting consumer is woken for at once. With the GIL it cannot run before
-        # this thread blocks or waits in the source (then POST_AFTER posts): no early post.
-        wake = max(1, count // 4) if engine.parallel_python else count
-        used = 0
-        mark = time.perf_counter()
-        while used < count and not engine.stopped:
-            used += 1  # this draw's ticket: its item's, its error's, or the final's
-            try:
-                if traced:
-                    with span("prefetch.fetch"):
-                        item = draw()
-                else:
-                    item = draw()
-            except BaseException as error:
-                end = message_for(error, drawing=True, read_state=read_state, broken=tasks.broken)
-                break
-            state = read_state() if read_state is not None else None
-            if prepare is not None or sizes is not None:
+        to_read: Reading | None = None  # a batch put on the board
+        traced = profiling()
+        collate = 0.0
+        with shared.draw_lock:
+            if shared.over or (board_tasks is not None and board_tasks.board.has_work()):
+                return None, count  # keep the tickets for later
+            start = shared.next_seq  # the number of the run's first entry
+            # Items a waiting consumer is woken for at once. With the GIL it cannot run before
+            # this thread blocks or waits in the source (then POST_AFTER posts): no early post.
+            wake = max(1, count // 4) if shared.parallel_python else count
+            used = 0
+            mark = time.perf_counter()
+            while used < count and not shared.stopped:
+                used += 1  # this draw's ticket: its item's, its error's, or the final's
+                seq = shared.next_seq
+                shared.next_seq = seq + 1
                 try:
+                    if traced:
+                        with span("prefetch.fetch"):
+                            item = draw()
+                    else:
+                        item = draw()
+                except BaseException as error:
+                    end = message_for(
+                        error, drawing=True, read_state=read_state, broken=tasks.broken
+                    )
+                    break
+                state = read_state() if read_state is not None else None
+                try:
+                    if board_tasks is not None:
+                        reading = board_tasks.plan(seq, item, state, side.thread_count())
+                        if reading.units:  # to read: the batch holds the ticket now
+                            held.tickets -= 1
+                            board_tasks.board.add(reading)
+                            to_read = reading
+                            break  # one ticket a draw: nothing else was drawn
+                        item, collate = board_tasks.join(reading)  # an empty batch
                     if prepare is not None:
                         item = prepare(item)
                     if sizes is not None:
@@ -87,47 +159,99 @@ def draw_runs(engine: ThreadSide, tasks: Tasks, held: Held) -> Final | None:
                 except BaseException as error:  # the draw moved the state on: it carries it
                     end = message_for(error, drawing=False, state=state)
                     break
-            items.append(item)
-            if states is not None:
-                states.append(state)
-            drawn = len(items)
-            if used < count and (drawn >= post_every or engine.consumer_waiting):
-                now = time.perf_counter()
-                if drawn >= post_every or drawn >= wake or now - mark >= POST_AFTER:
-                    engine.post(seq, Run(items, states, sizes), held, seconds=now - mark)
-                    post_every = _per_post(now - mark, drawn)
-                    seq += drawn
-                    items = []
-                    states = [] if states is not None else None
-                    sizes = [] if sizes is not None else None
-                    mark = now
+                items.append(item)
+                if states is not None:
+                    states.append(state)
+                drawn = len(items)
+                if used < count and (drawn >= self.post_every or shared.consumer_waiting):
+                    now = time.perf_counter()
+                    if drawn >= self.post_every or drawn >= wake or now - mark >= POST_AFTER:
+                        side.post(start, Run(items, states, sizes), held, seconds=now - mark)
+                        self._pace(now - mark, drawn)
+                        start += drawn
+                        items = []
+                        states = [] if states is not None else None
+                        sizes = [] if sizes is not None else None
+                        mark = now
+            ends = end is not None and end.kind.final
+            if ends:  # before the lock goes: no thread draws after the end
+                side.end(source_ended=end is not None and end.error is None)
         spent = time.perf_counter() - mark
-        if end is not None and end.kind.final:  # its ticket stays held until the thread leaves
-            engine.post(seq, Run(items, states, sizes), held, seconds=spent, unused=count - used)
-            return finish(engine, seq + len(items), end)
+        if to_read is not None:
+            side.account(-1, spent, 0.0)
+            assert board_tasks is not None  # only a board takes batches to read
+            side.work_added(board_tasks.board.peak_samples)
+            return None, 0
+        if ends:  # its ticket stays held until the thread leaves
+            side.post(start, Run(items, states, sizes), held, seconds=spent, unused=count - used)
+            assert end is not None
+            return Final(start + len(items), end), 0
+        take = self.most if board_tasks is None else 0  # threads that read look first
         run = Run(items, states, sizes, end)
-        count = engine.post(seq, run, held, seconds=spent, unused=count - used, take=ALL)
-        seq += run.numbers
+        count = side.post(
+            start, run, held, seconds=spent, unused=count - used, take=take, collate=collate
+        )
         if items:
-            post_every = _per_post(spent, len(items))
-        # What was posted is the consumer's now: an error re-raised there carries the loop's
-        # frames (and its iterator) in its traceback, so this thread must not keep it.
-        del run, end, items, states, sizes
-        if not count:
-            count = engine.take_tickets(held, ALL)
-    return None
+            self._pace(spent, len(items))
+        return None, count
 
+    def _pace(self, seconds: float, items: int) -> None:
+        """Pace the next post: ``POST_AFTER`` seconds of draws (``items`` took ``seconds``)."""
+        self.post_every = ALL if seconds <= 0.0 else max(1, int(POST_AFTER * items / seconds))
 
-def _per_post(seconds: float, items: int) -> int:
-    """Items to draw before the next post, so that a post comes every ``POST_AFTER`` seconds."""
-    if seconds <= 0.0:
-        return ALL
-    return max(1, int(POST_AFTER * items / seconds))
+    def _read(self, batch: Reading, unit: int) -> Final | None:
+        """Read one unit; post its batch if that completed it. Return a final message, if any."""
+        side, shared = self.side, self.shared
+        assert self.board_tasks is not None  # only threads that read get units
+        board_tasks = self.board_tasks
+        started, cpu = time.perf_counter(), shared.clock()
+        part: Any = None
+        error: BaseException | None = None
+        try:
+            part = board_tasks.read(batch, unit)
+        except BaseException as raised:  # the batch raises it, if no earlier unit raises first
+            error = raised
+        complete = board_tasks.board.give_back(batch, unit, part, error)
+        del part, error
+        side.account(self.slot, time.perf_counter() - started, shared.clock() - cpu, reads=1)
+        if complete:
+            return self._post_batch(batch)
+        return None
 
-
-def draw_task(tasks: Tasks) -> Any:
-    """Draw the next task of ``tasks`` (within a profiler span while profiling)."""
-    if profiling():
-        with span("prefetch.fetch"):
-            return tasks.draw()
-    return tasks.draw()
+    def _post_batch(self, batch: Reading) -> Final | None:
+        """Collate a complete batch and post it at its place, with the ticket it holds."""
+        side, shared, held = self.side, self.shared, self.held
+        assert self.board_tasks is not None
+        board_tasks = self.board_tasks
+        prepare = shared.spec.prepare
+        started = time.perf_counter()
+        collate = 0.0
+        message: Message | None = None
+        error = batch.first_error()  # a unit's error: the batch raises it
+        if error is not None:
+            message = message_for(error, drawing=False, state=batch.state)
+        else:
+            try:
+                item, collate = board_tasks.join(batch)
+                if prepare is not None:
+                    item = prepare(item)
+                run = Run(
+                    [item],
+                    [batch.state] if shared.spec.read_state is not None else None,
+                    [tensor_nbytes(item)] if shared.max_bytes is not None else None,
+                )
+                del item
+            except BaseException as raised:  # collate_fn raised: the batch raises it
+                message = message_for(raised, drawing=False, state=batch.state)
+        del error
+        if message is not None:
+            if message.kind.final:  # no thread draws again, then the later batches are dropped
+                side.end(source_ended=False)
+                held.tickets += 1 + board_tasks.board.cut(batch.seq + 1)  # a final holds none
+                return Final(batch.seq, message)
+            run = Run([], end=message)
+            del message
+        held.tickets += 1  # the batch's ticket, posted with it
+        seconds = time.perf_counter() - started
+        side.post(batch.seq, run, held, seconds=seconds, slot=self.slot, collate=collate)
+        return None

@@ -1,55 +1,78 @@
-"""``ThreadSide``: the engine as its producer threads see it.
+"""``ThreadSide``: what an engine's producer threads do to the state they share.
 
-The producers (:mod:`prefetch._threads.producers` over an iterator,
-:mod:`prefetch._threads.sample_fetch` over a DataLoader's samples) are typed
-against this protocol, not against :class:`~prefetch._threads.engine.Engine`:
-the engine imports them and runs them in its threads; they never import it.
-Every invariant these members keep is written in :mod:`prefetch._threads.engine`.
+A producer (:func:`prefetch._threads.producers.produce`) is given a
+:class:`ThreadSide` over its engine's :class:`~prefetch._threads.shared.Shared`
+and nothing else of the engine: it takes tickets, posts runs, marks the end,
+and its thread leaves through :meth:`ThreadSide.leave`, where the last thread
+out releases the source and posts the final message. Every rule these
+methods keep is written in :mod:`prefetch._threads.engine`; each method takes
+the shared lock for one decision and never calls back into the producer.
 """
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Callable
-from typing import Protocol
 
-from prefetch._threads.messages import Run
-from prefetch._threads.tasks import ProducerSpec
+from prefetch._threads.messages import Final, Kind, Message, Run
+from prefetch._threads.shared import Shared
 from prefetch._threads.tickets import Held
 
 
-class ThreadSide(Protocol):
-    """What a producer thread reads and calls on its engine."""
+class ThreadSide:
+    """The threads' calls on their engine's shared state (see the module)."""
 
-    spec: ProducerSpec
-    """What each thread does besides drawing and running."""
-    max_bytes: int | None
-    """Most tensor bytes in flight (``None``: no byte bound, item sizes are not measured)."""
-    parallel_python: bool
-    """Whether threads run Python at the same time (the GIL is off)."""
-    clock: Callable[[], float]
-    """The threads' CPU clock (a constant 0 unless the engine measures CPU time)."""
-    draw_lock: threading.Lock
-    """Orders parallel draws; taken before the engine's lock, never while holding it."""
-    consumer_waiting: bool
-    """Whether the consumer waits for a run (a hint read without the lock)."""
-    stopped: bool
-    """Whether :meth:`~prefetch._threads.engine.Engine.stop` was called (a hint likewise)."""
+    __slots__ = ("shared",)
 
-    @property
-    def over(self) -> bool:
-        """Whether the epoch ended or the engine stopped (a hint read without the lock)."""
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
 
     def thread_count(self) -> int:
-        """The threads wanted now."""
-
-    def number(self) -> int:
-        """Take the next sequence number for one draw (call under :attr:`draw_lock`)."""
+        """The threads wanted now (what :func:`~prefetch.fetch_info` reports)."""
+        with self.shared.lock:
+            return self.shared.tickets.threads
 
     def take_tickets(
         self, held: Held, most: int, *, unless: Callable[[], bool] | None = None
     ) -> int:
-        """Wait for free tickets, take up to ``most``; 0: leave; -1: ``unless()`` came true."""
+        """Wait for free tickets and take up to ``most``; 0: the thread is to leave instead.
+
+        With ``unless``, return -1 (no ticket) as soon as ``unless()`` is true:
+        a thread that reads units has some to read (:meth:`work_added` wakes it).
+        """
+        shared = self.shared
+        with shared.lock:
+            blocked = 0.0
+            while True:
+                if shared.stopped:
+                    return 0
+                if unless is not None and unless():
+                    return -1
+                if shared.ended:
+                    return 0
+                if shared.staying > shared.tickets.threads:  # fewer wanted: it leaves
+                    shared.staying -= 1
+                    return 0
+                if shared.tickets.free():
+                    break
+                if not blocked:
+                    blocked = time.perf_counter()
+                shared.waiting += 1
+                shared.woken = False
+                try:
+                    shared.space.wait(shared.poll)
+                finally:
+                    shared.waiting -= 1
+            if blocked:
+                shared.blocked += time.perf_counter() - blocked
+            return shared.tickets.take(held, most)
+
+    def end(self, *, source_ended: bool) -> None:
+        """Mark the epoch ended (a final message is coming): no thread draws again."""
+        with self.shared.lock:
+            self.shared.ended = True
+            if source_ended:
+                self.shared.record.source_ended = True
 
     def post(
         self,
@@ -64,19 +87,122 @@ class ThreadSide(Protocol):
         slot: int = -1,
         collate: float = 0.0,
     ) -> int:
-        """Post ``run`` at ``seq``, give back ``unused`` tickets, take up to ``take`` more."""
+        """Post ``run`` at ``seq``, give back ``unused`` tickets and take up to ``take`` more.
 
-    def end(self, source_ended: bool) -> None:
-        """Mark the epoch ended: a final message is coming, no thread draws again."""
+        Returns the tickets taken (without waiting: 0 if none is free).
+        ``seconds`` (``cpu``) is the time the thread spent making the run; a
+        thread that reads units also gives its ``slot`` in
+        ``stats.fetch_seconds`` and the seconds spent in ``collate_fn``.
+        """
+        shared = self.shared
+        with shared.lock:
+            tickets = shared.tickets
+            tickets.posted(held, run.numbers + unused, unused)
+            self._count(slot, seconds - collate, cpu, collate=collate)
+            if shared.stopped:  # nobody will take it
+                tickets.in_flight -= run.numbers
+                return 0
+            shared.fetched += len(run.items)
+            stats = shared.record.stats
+            if run.sizes:
+                tickets.buffered(run.sizes)
+                shared.record.largest_item = max(shared.record.largest_item, tickets.largest_item)
+                stats.peak_bytes = max(stats.peak_bytes, tickets.buffered_bytes)
+                if shared.waiting and shared.fetched <= len(run.items):
+                    shared.space.notify_all()  # a size is known now
+            if run.items or run.end is not None:
+                shared.handover.post(seq, run)
+            stats.peak_items = max(stats.peak_items, tickets.in_flight)
+            if shared.consumer_waiting and shared.handover.due(seq):
+                shared.wake_consumer()
+            if not take or shared.ended or shared.staying > tickets.threads:
+                return 0
+            return tickets.take(held, take)
 
     def give_back_ticket(self, held: Held) -> None:
-        """Return one ticket ``held`` took and did not use."""
+        """Return one ticket ``held`` took and did not use (the thread reads instead)."""
+        shared = self.shared
+        with shared.lock:
+            shared.tickets.dropped(held, 1)
+            if shared.waiting:
+                shared.space.notify_all()
 
     def work_added(self, samples: int) -> None:
-        """A batch's units were put on the board (``samples`` on it now): wake waiting threads."""
+        """A batch's units were put on the board: wake the threads waiting for tickets."""
+        shared = self.shared
+        with shared.lock:
+            stats = shared.record.stats
+            stats.peak_samples = max(stats.peak_samples, samples)
+            if shared.waiting:
+                shared.space.notify_all()
 
     def account(self, slot: int, seconds: float, cpu: float, *, reads: int = 0) -> None:
-        """Count time a thread spent without posting (``slot`` -1: drawing)."""
+        """Count ``seconds`` (``cpu``) a thread spent without posting (``slot`` -1: drawing)."""
+        with self.shared.lock:
+            self._count(slot, seconds, cpu, reads=reads)
+
+    def _count(
+        self, slot: int, seconds: float, cpu: float, *, collate: float = 0.0, reads: int = 0
+    ) -> None:
+        """Add a thread's time to the stats and the engine's sums (holding the lock)."""
+        shared = self.shared
+        stats = shared.record.stats
+        stats.source_seconds += seconds + collate
+        stats.collate_seconds += collate
+        if slot >= 0:
+            stats.fetch_seconds[slot] += seconds
+            stats.fetch_reads[slot] += reads
+        shared.busy += seconds + collate
+        shared.cpu += cpu
 
     def add_fetch_slot(self) -> int:
-        """Give a parallel thread its entry in the per-thread stats; return its index."""
+        """Give a thread that reads units its entry in ``stats.fetch_seconds``; return it."""
+        with self.shared.lock:
+            stats = self.shared.record.stats
+            stats.fetch_seconds.append(0.0)
+            stats.fetch_reads.append(0)
+            return len(stats.fetch_seconds) - 1
+
+    def fail(self, error: BaseException) -> Final:
+        """The final message for a failure of the thread's own (numbered after every draw)."""
+        shared = self.shared
+        with shared.draw_lock:
+            seq = shared.next_seq
+            shared.next_seq = seq + 1
+            self.end(source_ended=False)
+        return Final(seq, Message(Kind.RAISE_AND_END, error, None))
+
+    def leave(self, final: Final | None, held: Held) -> bool:
+        """Leave; the last thread out releases the source, then posts the final message.
+
+        Returns whether this thread was the last to leave.
+        """
+        shared = self.shared
+        with shared.lock:
+            shared.tickets.dropped(held, held.tickets)  # a final message holds no ticket
+            if final is not None:
+                shared.ended = True
+                if shared.final is None or final.seq < shared.final.seq:
+                    shared.final = final
+                shared.space.notify_all()
+            shared.running -= 1
+            if shared.running:
+                return False
+            shared.releasing = True
+            final = shared.final
+        try:
+            shared.tasks.release()
+        except BaseException as error:
+            if (final is not None and final.message.kind is Kind.RAISE_AND_END) or shared.stopped:
+                raise  # nobody would read it after the source's own error: threading.excepthook
+            seq = final.seq if final is not None else shared.next_seq  # nobody draws now
+            final = Final(seq, Message(Kind.RAISE_AND_END, error, None))
+        finally:
+            with shared.lock:
+                if final is not None and not shared.stopped:
+                    shared.handover.post(final.seq, Run([], end=final.message))
+                if shared.stopped:  # nobody will read them: free the fetched items now
+                    shared.handover.clear()
+                shared.releasing = False
+                shared.data.notify_all()
+        return True

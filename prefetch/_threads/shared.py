@@ -1,0 +1,143 @@
+"""``Shared``: everything an engine's threads and its consumer share, and the lock over it.
+
+An :class:`~prefetch._threads.engine.Engine` (the consumer's side, and the
+threads' start and end) and the
+:class:`~prefetch._threads.thread_side.ThreadSide` its threads call hold the
+same :class:`Shared`; neither holds the other. The counting of what is in
+flight is :class:`~prefetch._threads.tickets.Tickets`, the ordering of what
+was posted :class:`~prefetch._threads.handover.Handover`: plain data kept
+here.
+
+Invariants (the engine's first rule, :mod:`prefetch._threads.engine`):
+
+* Every field is written under ``lock`` (``next_seq`` under ``draw_lock``
+  instead: only the thread that draws numbers its draws), and every decision
+  is taken under it; every wait is a ``Condition`` wait on it that re-checks
+  its condition.
+* The threads read two fields without the lock, as hints only:
+  ``consumer_waiting`` (whether to post now) and ``stopped`` (whether to draw
+  again), and :attr:`Shared.over` likewise.
+* ``draw_lock`` is taken before ``lock``, never while holding it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from prefetch._shared.epoch import EpochRecord
+from prefetch._threads.handover import Handover
+from prefetch._threads.messages import Final, Snapshot
+from prefetch._threads.tasks import ProducerSpec, Tasks
+from prefetch._threads.tickets import Tickets
+
+POLL_SECONDS = 0.1
+"""How often a blocked side re-checks that the other side is still there."""
+
+
+class Shared:
+    """The state of one engine, under one lock; see the module invariants.
+
+    Args:
+        tasks: The source.
+        spec: What each thread does besides drawing and reading.
+        record: The epoch's record (stats, whether the source ended, the
+            largest item: its value now is the size hint, 0 unknown).
+        depth: Items ready ahead of the consumer, at most.
+        threads: Threads to run.
+        max_bytes: Most tensor bytes in flight, or ``None`` for no byte bound.
+        measure_cpu: Sum the threads' CPU time (a system call per item).
+        probe_first: With no size known, one draw at a time until one is posted.
+        in_order: Hand runs over in number order; ``False``: as they are posted.
+    """
+
+    def __init__(
+        self,
+        tasks: Tasks,
+        spec: ProducerSpec,
+        record: EpochRecord,
+        *,
+        depth: int,
+        threads: int,
+        max_bytes: int | None,
+        measure_cpu: bool,
+        probe_first: bool,
+        in_order: bool,
+    ) -> None:
+        self.tasks, self.spec, self.record = tasks, spec, record
+        self.max_bytes = max_bytes
+        self.clock: Callable[[], float] = time.thread_time if measure_cpu else _no_clock
+        self.parallel_python = not _gil_enabled()  # threads run Python at the same time
+        self.lock = threading.RLock()  # re-entrant: a finalizer may stop() on a holding thread
+        self.space = threading.Condition(self.lock)  # threads wait here for tickets
+        self.data = threading.Condition(self.lock)  # the consumer waits here
+        self.poll = POLL_SECONDS  # read here, so that a test can take the safety net away
+        self.draw_lock = threading.Lock()  # orders draws; guards next_seq
+        self.next_seq = 0  # the number the next draw takes (under draw_lock)
+        self.tickets = Tickets(
+            depth=depth,
+            threads=threads,
+            max_bytes=max_bytes,
+            largest_item=record.largest_item,
+            probe_first=probe_first,
+        )
+        self.handover = Handover(in_order=in_order)
+        self.fetched = 0  # items posted, in all
+        self.busy = self.blocked = self.cpu = 0.0  # the threads' seconds, summed
+        self.staying = 0  # threads that go on (not told to leave)
+        self.running = 0  # threads that have not left
+        self.waiting = 0  # threads blocked waiting for a ticket
+        self.woken = False  # they were woken and have not waited again since
+        self.consumer_waiting = False  # a hint (see the invariants)
+        self.stopped = False  # a hint likewise: stop() was called
+        self.ended = False  # a final message is coming: no thread draws again
+        self.releasing = False  # the last thread is releasing the source
+        self.final: Final | None = None  # the earliest final message, until posted
+        self.started: list[threading.Thread] = []  # every thread started
+        self.indices: set[int] = set()  # thread indices in use (see fetch_info)
+
+    @property
+    def over(self) -> bool:
+        """Whether the epoch ended or the engine stopped (a hint read without the lock)."""
+        return self.ended or self.stopped
+
+    def snapshot(self) -> Snapshot:
+        """Return the engine's figures, read together under the lock."""
+        with self.lock:
+            tickets = self.tickets
+            return Snapshot(
+                depth=tickets.depth,
+                threads=tickets.threads,
+                in_flight=tickets.in_flight,
+                ready=self.handover.ready(),
+                posted=self.handover.posted(),
+                waiting_threads=self.waiting,
+                fetched=self.fetched,
+                max_bytes=self.max_bytes,
+                buffered_bytes=tickets.buffered_bytes,
+                largest_item=tickets.largest_item,
+                busy_seconds=self.busy,
+                blocked_seconds=self.blocked,
+                cpu_seconds=self.cpu,
+            )
+
+    def wake_threads(self) -> None:
+        """Wake the threads waiting for tickets (holding the lock); the tests' seam."""
+        self.woken = True  # until one of them waits again
+        self.space.notify_all()
+
+    def wake_consumer(self) -> None:
+        """Wake the consumer waiting for a run (holding the lock); the tests' seam."""
+        self.data.notify()
+
+
+def _no_clock() -> float:
+    return 0.0
+
+
+def _gil_enabled() -> bool:
+    """Whether the GIL is enabled (always, before free-threaded Python 3.13)."""
+    is_enabled = getattr(sys, "_is_gil_enabled", None)
+    return bool(is_enabled()) if callable(is_enabled) else True
