@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar, cast
 
 from prefetch._shared.arguments import check_iterable
-from prefetch._shared.epoch import EpochRecord, start_epoch
-from prefetch._threads.engine import Engine
-from prefetch._threads.iterator import BackgroundIterator
-from prefetch._threads.policy import DEPTH, Fixed
-from prefetch._threads.tasks import IteratorTasks, ProducerSpec
+from prefetch._shared.stats import LoaderStats
+from prefetch._threads.iterator import BackgroundIterator, started_threads
+from prefetch._threads.loader import BackgroundLoader
 
 __all__ = ["BackgroundGenerator", "background", "prefetch"]
 
@@ -63,12 +61,39 @@ def _depth(max_prefetch: int) -> int:
     return depth if depth == sys.maxsize else depth + 1
 
 
-class BackgroundGenerator(BackgroundIterator[T]):
+class _Preprocessed(Iterator[T]):
+    """``preprocess_func`` over the generator's items, in the thread that draws them."""
+
+    def __init__(self, source: Iterator[Any], function: Callable[[Any], T]) -> None:
+        self._source, self._function = source, function
+
+    def __next__(self) -> T:
+        item = next(self._source)
+        try:
+            return self._function(item)
+        except StopIteration as error:  # not the end of the data: an error of the function
+            msg = "BackgroundGenerator(preprocess_func=...) raised StopIteration"
+            raise RuntimeError(msg) from error
+
+
+class _Owned(Iterable[T]):
+    """A generator the wrapper created (``@background``): released, and closed, with the epoch."""
+
+    def __init__(self, generator: Iterator[T]) -> None:
+        self._generator = generator
+
+    def __iter__(self) -> Iterator[T]:
+        return self._generator
+
+
+class BackgroundGenerator(Iterator[T], Generic[T]):
     """Iterate ``generator`` in a background thread, as ``prefetch_generator`` does.
 
     Same signature as ``prefetch_generator.BackgroundGenerator``; the thread
     starts now. ``join()``, ``is_alive()``, ``daemon`` and ``name`` answer
-    for that thread.
+    for that thread. It is one epoch of a
+    :class:`~prefetch.BackgroundLoader` with a fixed depth, started at once:
+    ``stats``, ``close()`` and ``with`` work as on that loader's iterator.
 
     Args:
         generator: Any iterable or iterator; it is drained by the thread.
@@ -98,35 +123,43 @@ class BackgroundGenerator(BackgroundIterator[T]):
         max_prefetch: int = 1,
         preprocess_func: Callable[[Any], T] | None = None,
     ) -> None:
-        self._init(generator, max_prefetch, owned=False, preprocess_func=preprocess_func)
-
-    def _init(
-        self,
-        generator: Iterable[T],
-        max_prefetch: int,
-        *,
-        owned: bool,
-        preprocess_func: Callable[[Any], T] | None = None,
-    ) -> None:
         check_iterable(generator, "BackgroundGenerator", "generator")
-        depth = _depth(max_prefetch)
         if preprocess_func is not None and not callable(preprocess_func):
             msg = (
                 f"BackgroundGenerator(preprocess_func=...) expects a callable, "
                 f"got {preprocess_func!r}"
             )
             raise TypeError(msg)
-        record = EpochRecord(None)
-        tasks = IteratorTasks(iter(generator), owned)
-        producer = ProducerSpec(prepare=preprocess_func)
-        engine = Engine(tasks, producer, record, depth=depth, threads=1, max_bytes=None)
-        super().__init__(depth=Fixed(DEPTH, depth))
-        start_epoch(self, record, engine)  # at once: prefetch_generator starts its thread here
-        (self._thread,) = engine.threads
+        depth = _depth(max_prefetch)
+        source: Iterable[Any] = generator
+        if preprocess_func is not None:
+            source = _Preprocessed(iter(generator), preprocess_func)
+        iterator = cast("BackgroundIterator[T]", iter(BackgroundLoader(source, depth=depth)))
+        iterator.start()  # at once: prefetch_generator starts its thread here
+        self._iterator = iterator
+        (self._thread,) = started_threads(iterator)
+
+    def __next__(self) -> T:
+        return self._iterator.__next__()
 
     def next(self) -> T:
         """Return the next item (Python 2 style alias kept for drop-in use)."""
-        return self.__next__()
+        return self._iterator.__next__()
+
+    @property
+    def stats(self) -> LoaderStats:
+        """The iteration's :class:`~prefetch.LoaderStats`."""
+        return self._iterator.stats
+
+    def close(self) -> None:
+        """Stop the thread: items read ahead are dropped, a generator we made is closed."""
+        self._iterator.close()
+
+    def __enter__(self) -> BackgroundGenerator[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the thread ends, as :meth:`threading.Thread.join`.
@@ -185,9 +218,7 @@ def background(
     def decorator(function: Callable[..., Iterable[T]]) -> Callable[..., BackgroundGenerator[T]]:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> BackgroundGenerator[T]:
-            generator: BackgroundGenerator[T] = BackgroundGenerator.__new__(BackgroundGenerator)
-            generator._init(function(*args, **kwargs), max_prefetch, owned=True)
-            return generator
+            return BackgroundGenerator(_Owned(iter(function(*args, **kwargs))), max_prefetch)
 
         return wrapper
 

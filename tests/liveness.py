@@ -48,7 +48,7 @@ def engine_of(iterator: Any) -> Engine:
 
 def begin(iterator: Any) -> Any:
     """Start an idle epoch iterator as its first ``next()`` would, without taking an item."""
-    iterator._start()
+    iterator.start()
     return iterator
 
 

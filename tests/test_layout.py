@@ -21,8 +21,10 @@ LAYERS = {"_shared": 0, "_threads": 1, "_device": 2}
 """A folder may import from folders of its own layer or below."""
 PARTNERS = {("_shared/checkpointing.py", "_shared/wrapper.py")}
 """(reader, owner): modules that read each other's private names by design."""
-HOOKS = {"_idle_epoch", "_open_epoch", "_start_state", "_copied_to"}
+HOOKS = {"_idle_epoch", "_start_state", "_copied_to"}
 """Hooks LoaderWrapper declares: any wrapper may call them on the wrapper it wraps."""
+ITERATOR_HOOKS = {"_run"}
+"""Hooks EpochIterator declares: the wrapper base calls them on the iterator it opens."""
 DECLARED = {"_runs_on_consumer_thread"}
 """Class attributes LoaderWrapper declares and a subclass overrides; any wrapper may read them."""
 
@@ -88,6 +90,59 @@ class TestLayers:
         assert wrong == []
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Each module's imports of the package's modules, typing-only imports included."""
+    names = {path: "prefetch." + path[: -len(".py")].replace("/", ".") for path in modules()}
+    names = {path: name.removesuffix(".__init__") for path, name in names.items()}
+    known = set(names.values())
+    graph: dict[str, set[str]] = {}
+    for path, tree in modules().items():
+        targets: set[str] = set()
+        for node in ast.walk(tree):  # every import, under `if TYPE_CHECKING:` too
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prefetch"):
+                module = node.module or ""
+                for alias in node.names:
+                    full = f"{module}.{alias.name}"
+                    targets.add(full if full in known else module)
+            elif isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names if alias.name in known}
+        graph[names[path]] = targets & known
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: each a path from a module back to itself."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(graph.get(module, ())):
+            if target in path:
+                found.append([*path[path.index(target) :], target])
+            elif target not in done:
+                visit(target, [*path, target])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    return found
+
+
+class TestNoImportCycles:
+    """Imports go one way: no module imports, even for typing only, one that imports it."""
+
+    def test_no_cycles(self) -> None:
+        """The package's import graph has no cycle (typing-only imports counted)."""
+        assert cycles(import_graph()) == []
+
+    def test_the_check_finds_a_cycle(self) -> None:
+        """A planted cycle through three modules is found (the check's control)."""
+        graph = import_graph()
+        graph["prefetch._threads.tickets"].add("prefetch._threads.engine")
+        assert any("prefetch._threads.tickets" in cycle for cycle in cycles(graph))
+
+
 class TestNoPrivateDoors:
     """No module reads another module's private names, except partners and declared hooks."""
 
@@ -98,7 +153,7 @@ class TestNoPrivateDoors:
         doors = []
         for name, tree in trees.items():
             for line, attr in foreign_reads(tree):
-                if attr in defined[name] or attr in HOOKS or attr in DECLARED:
+                if attr in defined[name] or attr in HOOKS | ITERATOR_HOOKS or attr in DECLARED:
                     continue
                 owners = [other for other, names in defined.items() if attr in names]
                 if owners and not any((name, owner) in PARTNERS for owner in owners):
@@ -111,6 +166,13 @@ class TestNoPrivateDoors:
         from prefetch._shared.wrapper import LoaderWrapper
 
         assert callable(getattr(LoaderWrapper, hook, None))
+
+    @pytest.mark.parametrize("hook", sorted(ITERATOR_HOOKS))
+    def test_iterator_hooks_are_declared_by_the_epoch_base(self, hook: str) -> None:
+        """Every iterator hook is a method of EpochIterator (so it is declared, not a door)."""
+        from prefetch._shared.epoch import EpochIterator
+
+        assert callable(vars(EpochIterator).get(hook))
 
     @pytest.mark.parametrize("name", sorted(DECLARED))
     def test_declared_attributes_are_on_the_wrapper_base(self, name: str) -> None:

@@ -125,6 +125,52 @@ class TestIterStartsNothing:
         assert int(data.reads) == 0 and prefetch_threads() == []
 
 
+class TestStart:
+    """iterator.start() starts the epoch before the first next(), once, on the caller's thread."""
+
+    @pytest.mark.parametrize("stack", ["background", "fetch_threads", "cuda_over_background"])
+    def test_start_reads_ahead_before_next(self, stack: str) -> None:
+        """After start() the thread reads without a next(); the items are the same."""
+        data = Counted()
+        iterator = iter(STACKS[stack](data))
+        iterator.start()
+        assert wait_until(lambda: int(data.reads) > 0, 5.0, collect=False)
+        assert prefetch_threads() != []
+        got = sorted(float(value) for batch in iterator for value in batch.flatten())
+        assert got == [float(index) for index in range(16)]
+
+    def test_start_twice_and_after_close_does_nothing(self) -> None:
+        """A second start() changes nothing; start() on a closed idle epoch starts nothing."""
+        seen: list[str] = []
+
+        class Looks:
+            def __iter__(self) -> Any:
+                seen.append(threading.current_thread().name)
+                return iter([1, 2])
+
+        iterator = iter(BackgroundLoader(Looks()))
+        iterator.start()
+        iterator.start()
+        assert seen == [threading.current_thread().name]
+        assert list(iterator) == [1, 2]
+        closed = iter(BackgroundLoader(Looks()))
+        closed.close()
+        closed.start()
+        assert len(seen) == 1 and list(closed) == []
+
+    def test_an_error_of_iter_reaches_start(self) -> None:
+        """iter(loader) raising inside start(): start() raises it and the epoch is over."""
+
+        class Broken:
+            def __iter__(self) -> Any:
+                raise ValueError("cannot iterate")
+
+        iterator = iter(BackgroundLoader(Broken()))
+        with pytest.raises(ValueError, match="cannot iterate"):
+            iterator.start()
+        assert prefetch_threads() == [] and list(iterator) == []
+
+
 class Recorder(L.LightningModule):  # type: ignore[misc,name-defined]
     """Records the order of the training items of the first epoch."""
 

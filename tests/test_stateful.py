@@ -7,6 +7,7 @@ deciding so never breaks iteration.
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import warnings
 from collections.abc import Callable, Iterator
@@ -52,6 +53,8 @@ class TestStatefulOnlyWhenWrappedIs:
         for layer in (loader, loader.loader):
             assert not hasattr(layer, "state_dict") and not hasattr(layer, "load_state_dict")
             assert not isinstance(layer, Stateful)
+            assert inspect.getattr_static(layer, "state_dict", None) is None  # Lightning on 3.12+
+        assert type(loader).__name__ == type(loader).__mro__[1].__name__  # its class's name
         assert [int(x) for x in loader] == [0, 1, 2, 3]
 
     @pytest.mark.parametrize("stack", sorted(STACKS))

@@ -40,7 +40,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from prefetch._shared.dead_workers import lost_a_worker
-from prefetch._shared.epoch import EpochIterator, EpochRecord, raised_by_source, release_source
+from prefetch._shared.epoch import (
+    EpochIterator,
+    EpochRecord,
+    Opener,
+    raised_by_source,
+    release_source,
+)
 
 T = TypeVar("T")
 
@@ -109,7 +115,8 @@ class DeviceIterator(EpochIterator[T]):
         1
     """
 
-    def __init__(self, *, copier: Copier, depth: int) -> None:
+    def __init__(self, opener: Opener, *, copier: Copier, depth: int) -> None:
+        self._opener = opener
         self._copier = copier
         self._depth = depth
         self._read_state: Callable[[], Any] | None = None
@@ -121,9 +128,16 @@ class DeviceIterator(EpochIterator[T]):
         self._releaser: weakref.finalize[Any, Any] | None = None
         self._thread = threading.get_ident()  # the consumer's: iter() runs on it
 
-    def _attach(self, record: EpochRecord, parts: Any) -> None:
-        """Take the source (``parts``: source, state reader, whether the epoch owns it)."""
-        source, self._read_state, owned = parts
+    def _run(
+        self,
+        source: Iterator[Any],
+        record: EpochRecord,
+        *,
+        owned: bool,
+        read_state: Callable[[], Any] | None,
+    ) -> None:
+        """Take the source: the copies start at the first ``next()`` that needs them."""
+        self._read_state = read_state
         self._record, self._source = record, source
         self._releaser = releaser = weakref.finalize(self, release_source, source, owned)
         releaser.atexit = False
@@ -138,7 +152,7 @@ class DeviceIterator(EpochIterator[T]):
             if threading.get_ident() != self._thread:
                 raise wrong_thread_error()
             if self._opener is not None:
-                self._start()  # the first next(): the epoch starts now, on this thread
+                self.start()  # the first next(): the epoch starts now, on this thread
                 stats = self._record.stats
             self._fill(1)
             if not self._pending:

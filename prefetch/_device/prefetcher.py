@@ -10,7 +10,7 @@ through, with ``transform`` applied.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
@@ -20,7 +20,7 @@ from prefetch._device.copier import StreamCopier
 from prefetch._device.iterator import DeviceIterator
 from prefetch._shared.arguments import check_depth, check_iterable
 from prefetch._shared.checkpointing import adopt_state
-from prefetch._shared.epoch import EpochRecord
+from prefetch._shared.epoch import Opener
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.loader import BackgroundLoader
 
@@ -135,14 +135,9 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
         """Batches kept in flight behind the one handed over."""
         return self._depth
 
-    def _idle_epoch(self) -> DeviceIterator[T]:
+    def _idle_epoch(self, opener: Opener) -> DeviceIterator[T]:
         self._copier.start_epoch()  # the side stream exists from iter() on (nothing is copied)
-        return DeviceIterator(copier=self._copier, depth=self._depth)
-
-    def _open_epoch(
-        self, source: Iterator[Any], record: EpochRecord
-    ) -> tuple[Iterator[Any], Callable[[], Any] | None, bool]:
-        return source, self._state_reader(), source is not self._loader
+        return DeviceIterator(opener, copier=self._copier, depth=self._depth)
 
     def __repr__(self) -> str:
         return f"CudaPrefetcher({short_repr(self._loader)}, device={str(self._device)!r})"

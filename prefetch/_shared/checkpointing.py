@@ -1,4 +1,4 @@
-"""``Checkpointing``: ``state_dict``/``load_state_dict``, only where there is state.
+"""Whether a wrapper checkpoints is said by its class: one mechanism, here.
 
 A framework checks for ``state_dict``/``load_state_dict`` to decide whether
 to save a loader's state (Lightning does, at every checkpoint, and calls
@@ -8,28 +8,34 @@ methods that raise, which ``hasattr`` (and, from Python 3.12,
 
 Invariants:
 
-* **Twins.** Each wrapper class gets, once, a twin: a subclass with the same
-  name that adds :class:`Checkpointing`. :func:`adopt_state`, called when a
-  wrapper is built, turns it into its twin exactly when
-  :func:`~prefetch._shared.stateful.state_problem` finds the wrapped loader stateful,
-  and sets ``wrapper._stateful`` accordingly.
+* **Twins.** Each wrapper class gets, once each, two twins: subclasses with
+  the same name, one adding :class:`Checkpointing` (the two methods), the
+  other :class:`NotCheckpointing` (neither: asked for, they raise
+  :class:`~prefetch.NotStatefulError` saying why, which ``hasattr`` reads as
+  absent, and they are never forwarded to the wrapped loader).
+  :func:`adopt_state`, called at the end of every wrapper's ``__init__``,
+  makes the wrapper an instance of one of them, by
+  :func:`~prefetch._shared.stateful.state_problem`, and sets
+  ``wrapper._stateful`` accordingly.
 * **Demotion is final.** If the wrapped loader's ``state_dict()`` raises when
-  an epoch starts (:meth:`Checkpointing._start_state`), the wrapper goes back
-  to the plain class, with ``_stateful`` false and the reason kept for the
-  error.
+  an epoch starts (:meth:`Checkpointing._start_state`), the wrapper becomes
+  its non-checkpointing twin, with the reason kept for the error.
+* **Pickling** rebuilds the twin (it is not importable by its name).
 
 This module is the declared partner of :mod:`prefetch._shared.wrapper`: it
 reads and sets a wrapper's ``_stateful`` and ``_state_problem``, of the
-wrapper it adopts and of the wrapper that one wraps.
-* **Pickling** rebuilds the twin (it is not importable by its name).
+wrapper it adopts and of the wrapper that one wraps, and reads ``_newest``.
 """
 
 from __future__ import annotations
 
-from typing import Any, SupportsIndex, cast
+from typing import Any, SupportsIndex
 
 from prefetch._shared.stateful import NotStatefulError, StateUnavailable, read_state, state_problem
 from prefetch._shared.wrapper import LoaderWrapper
+
+STATE_METHODS = ("state_dict", "load_state_dict")
+"""What a checkpointing wrapper has and any other wrapper refuses."""
 
 
 def adopt_state(wrapper: LoaderWrapper, own_problem: str | None = None) -> None:
@@ -45,20 +51,44 @@ def adopt_state(wrapper: LoaderWrapper, own_problem: str | None = None) -> None:
     else:
         wrapper._state_problem = state_problem(inner)
     wrapper._stateful = wrapper._state_problem is None
-    if wrapper._stateful and not isinstance(wrapper, Checkpointing):
-        wrapper.__class__ = _stateful_twin(type(wrapper))
+    wrapper.__class__ = _twin(_plain(type(wrapper)), wrapper._stateful)
 
 
-class Checkpointing(LoaderWrapper):
+class _Twin(LoaderWrapper):
+    """What both twins share: the class they twin, and pickling through it."""
+
+    _twin_of: type[LoaderWrapper]
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        # A twin is not importable by name: pickle the class it twins, rebuild the twin.
+        reduced = super().__reduce_ex__(protocol)
+        assert isinstance(reduced, tuple)  # objects without __reduce__ of their own
+        return (_new_twin, (self._twin_of, self._stateful), *reduced[2:])
+
+
+class NotCheckpointing(_Twin):
+    """A wrapper over a loader that cannot checkpoint: no ``state_dict``, said why."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in STATE_METHODS:  # never forwarded: the wrapped loader's would be wrong
+            msg = (
+                f"{type(self).__name__}.{name}() needs a loader with state_dict() and "
+                f"load_state_dict() (such as torchdata's StatefulDataLoader); "
+                f"{self._state_problem or 'it was not built over one'}"
+            )
+            raise NotStatefulError(msg)
+        return super().__getattr__(name)
+
+
+class Checkpointing(_Twin):
     """The methods a wrapper has only over a loader that can checkpoint.
 
-    A wrapper built over a stateful loader is an instance of its class's twin,
-    which adds these; over any other loader, both names raise
+    A wrapper built over a stateful loader is an instance of its class's
+    checkpointing twin, which adds these; over any other loader it is a
+    :class:`NotCheckpointing`, where both names raise
     :class:`~prefetch.NotStatefulError` (an ``AttributeError``, so ``hasattr``
     is false) that says why.
     """
-
-    _twin_of: type[LoaderWrapper]
 
     def _start_state(self) -> Any:
         """Read the wrapped loader's state as an epoch starts.
@@ -72,15 +102,9 @@ class Checkpointing(LoaderWrapper):
             below = inner._state_problem if isinstance(inner, LoaderWrapper) else None
             self._state_problem = below or state.describe()
             self._stateful = False
-            self.__class__ = cast("type[Checkpointing]", self._twin_of)  # the plain class
+            self.__class__ = _twin(self._twin_of, stateful=False)  # type: ignore[assignment]
             return None
         return state
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
-        # The twin is not importable by name: pickle the class it twins, rebuild the twin.
-        reduced = super().__reduce_ex__(protocol)
-        assert isinstance(reduced, tuple)  # objects without __reduce__ of their own
-        return (_new_twin, (self._twin_of,), *reduced[2:])
 
     def state_dict(self) -> Any:
         """Return the wrapped loader's state as of the last item you received.
@@ -109,7 +133,12 @@ class Checkpointing(LoaderWrapper):
             >>> [batch.item() for batch in loader]
             [2, 3, 4, 5]
         """
-        self._settle()  # an epoch iter() gave and no next() started is at its start
+        # The latest iter(), if still held and not started, is at its epoch's start, as a
+        # plain loader's would be; one only looked at and dropped (Lightning's probe) is gone.
+        newest = self._newest() if self._newest is not None else None
+        if newest is not None:
+            newest.start()
+        del newest
         state = read_state(self._loader) if self._epoch is None else self._epoch.state
         if isinstance(state, StateUnavailable):
             msg = f"{type(self).__name__}.state_dict() has no state to give: {state.describe()}"
@@ -128,18 +157,23 @@ class Checkpointing(LoaderWrapper):
         self._loader.load_state_dict(state_dict)
 
 
-_TWINS: dict[type[LoaderWrapper], type[LoaderWrapper]] = {}
+_TWINS: dict[tuple[type[LoaderWrapper], bool], type[LoaderWrapper]] = {}
 
 
-def _new_twin(cls: type[LoaderWrapper]) -> LoaderWrapper:
-    """Unpickle a stateful wrapper: an empty instance of ``cls``'s twin."""
-    twin = _stateful_twin(cls)
+def _plain(cls: type[LoaderWrapper]) -> type[LoaderWrapper]:
+    """The wrapper class ``cls`` twins (``cls`` itself if it is no twin)."""
+    return cls._twin_of if issubclass(cls, _Twin) else cls
+
+
+def _new_twin(cls: type[LoaderWrapper], stateful: bool) -> LoaderWrapper:
+    """Unpickle a wrapper: an empty instance of ``cls``'s twin."""
+    twin = _twin(cls, stateful)
     return twin.__new__(twin)
 
 
-def _stateful_twin(cls: type[LoaderWrapper]) -> type[LoaderWrapper]:
-    """Return the subclass of ``cls`` that also is :class:`Checkpointing` (made once)."""
-    twin = _TWINS.get(cls)
+def _twin(cls: type[LoaderWrapper], stateful: bool) -> type[LoaderWrapper]:
+    """Return the subclass of ``cls`` that is also (Not)Checkpointing (each made once)."""
+    twin = _TWINS.get((cls, stateful))
     if twin is None:
         namespace: dict[str, Any] = {
             "__module__": cls.__module__,
@@ -147,6 +181,7 @@ def _stateful_twin(cls: type[LoaderWrapper]) -> type[LoaderWrapper]:
             "__doc__": cls.__doc__,
             "_twin_of": cls,
         }
-        twin = type(cls.__name__, (cls, Checkpointing), namespace)
-        _TWINS[cls] = twin
+        kind = Checkpointing if stateful else NotCheckpointing
+        twin = type(cls.__name__, (cls, kind), namespace)
+        _TWINS[(cls, stateful)] = twin
     return twin

@@ -1,23 +1,27 @@
 """One epoch's life, the same for every wrapper: created by ``iter()``, started by ``next()``.
 
-A wrapper's ``iter()`` returns an idle :class:`EpochIterator`: nothing runs,
-nothing is drawn, nothing is registered, so a framework that calls ``iter()``
-only to look (Lightning does) changes nothing. Its first ``next()`` starts the
-epoch (:meth:`EpochIterator._start`) on the caller's thread: the wrapper
-(:meth:`~prefetch._shared.wrapper.LoaderWrapper._begin`, the one place that
-opens epochs) calls ``iter()`` on the wrapped loader, starts an
-:class:`EpochRecord`, and the iterator takes what the wrapper made for it
-(:func:`start_epoch`). The wrapper keeps its started epochs in an
-:class:`OpenEpochs` registry, each with the :class:`Stoppable` its iterator
-registered: what stops the epoch's threads, or releases its source, even once
-the iterator itself is gone.
+An epoch starts in three named steps, all on the caller's thread:
+
+1. :meth:`EpochIterator.start`: the first ``next()`` of the idle iterator a
+   wrapper's ``iter()`` returned (or ``start()`` called by the user, or a
+   checkpoint asking for the epoch's place), once;
+2. :meth:`~prefetch._shared.wrapper.LoaderWrapper._open_epoch`: the wrapper,
+   the one place that opens epochs, calls ``iter()`` on the wrapped loader and
+   starts an :class:`EpochRecord`;
+3. :meth:`EpochIterator._run`: the iterator runs the epoch over that source
+   (its threads, or its device queue) and registers the :class:`Stoppable`
+   that stops it.
+
+The wrapper keeps its started epochs in an :class:`OpenEpochs` registry,
+each with its :class:`Stoppable`: what stops the epoch's threads, or releases
+its source, even once the iterator itself is gone.
 
 Invariants:
 
-* **Idle until the first next().** An iterator no ``next()`` reached holds
-  no thread, no source and no worker; dropping it costs nothing, and
-  closing it only marks it over.
-
+* **Idle until started.** An iterator not started holds no thread, no
+  source and no worker; dropping it costs nothing, and closing it only marks
+  it over. A framework that calls ``iter()`` only to look (Lightning does)
+  changes nothing.
 * **The registry never holds an iterator.** It keeps a weak reference and
   the :class:`Stoppable`, which holds no reference to the iterator, so a
   dropped iterator is collected and its finalizer stops the epoch.
@@ -41,6 +45,8 @@ from prefetch._shared.stats import LoaderStats
 
 T = TypeVar("T")
 E = TypeVar("E", bound="EpochIterator[Any]")
+Opener = Callable[["EpochIterator[Any]"], None]
+"""Opens the epoch of the iterator it is given (its wrapper's ``_open_epoch``)."""
 
 CLOSE_TIMEOUT = 10.0
 """Longest a stop waits for an epoch's threads (shutting down DataLoader workers)."""
@@ -83,16 +89,16 @@ class Stoppable(Protocol):
 class EpochIterator(Iterator[T]):
     """Base of the iterator an ``iter()`` of a wrapper returns: one epoch.
 
-    A subclass starts idle, with a placeholder record; :meth:`_attach` gives
-    it the epoch's record and what its wrapper made for it, and sets
-    ``_stopper``. It implements :meth:`_attach`, :meth:`_finish` and
-    :meth:`_is_over`, and calls :meth:`_start` at its first ``next()``.
+    A subclass is made idle with the :data:`Opener` its wrapper gives it
+    (stored as ``_opener``) and a placeholder record; its first ``next()``
+    calls :meth:`start`. It implements :meth:`_run`, :meth:`_finish` and
+    :meth:`_is_over`.
     """
 
     _record: EpochRecord
     _stopper: Stoppable
     _invalid: str | None = None  # why a newer epoch stopped this one, until raised
-    _opener: Callable[[EpochIterator[Any]], None] | None = None  # starts it (None: started)
+    _opener: Opener | None = None  # opens the epoch (None: started, or over)
 
     @property
     def stats(self) -> LoaderStats:
@@ -101,6 +107,28 @@ class EpochIterator(Iterator[T]):
 
     def __iter__(self: E) -> E:
         return self
+
+    def start(self) -> None:
+        """Start the epoch now, if it has not started: the first ``next()`` does it otherwise.
+
+        ``iter(loader)`` starts nothing: the wrapped loader's ``iter()`` (its
+        worker processes, a seeded shuffle) and the threads run from the first
+        ``next()``. Call ``start()`` to have them run ahead while you do
+        something else first. It is called on your thread, and calling it
+        again, or on an epoch that is over, does nothing. If starting raises
+        (the wrapped loader's ``iter()`` did), the epoch is over and the error
+        reaches you.
+        """
+        opener, self._opener = self._opener, None
+        if opener is None:
+            return
+        try:
+            opener(self)
+        except BaseException:
+            self._finish()
+            raise
+        finally:
+            del self  # a traceback keeps this frame: not the iterator
 
     def close(self) -> None:
         """Stop the epoch: batches in flight are dropped and the source is released.
@@ -116,25 +144,21 @@ class EpochIterator(Iterator[T]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _start(self) -> None:
-        """Start the epoch if it is idle (the first ``next()``, on the caller's thread).
+    def _run(
+        self,
+        source: Iterator[Any],
+        record: EpochRecord,
+        *,
+        owned: bool,
+        read_state: Callable[[], Any] | None,
+    ) -> None:
+        """Hook: run the epoch over ``source`` (``iter()`` of the wrapped loader).
 
-        If starting raises (``iter()`` of the loader did), the epoch is over:
-        the error reaches the caller and later ``next()`` calls end it.
+        ``record`` is the epoch's; ``owned`` whether the epoch releases the
+        source when it ends (not a one-shot iterator the user passed in);
+        ``read_state`` reads the wrapped loader's checkpoint state after each
+        item (``None``: not stateful). Sets ``_stopper``.
         """
-        opener, self._opener = self._opener, None
-        if opener is None:
-            return
-        try:
-            opener(self)
-        except BaseException:
-            self._finish()
-            raise
-        finally:
-            del self  # a traceback keeps this frame: not the iterator
-
-    def _attach(self, record: EpochRecord, parts: Any) -> None:
-        """Take the started epoch: its record, and what the wrapper made for it."""
         raise NotImplementedError
 
     def _finish(self) -> None:
@@ -167,22 +191,6 @@ class EpochIterator(Iterator[T]):
         raise StopIteration
 
 
-def defer_start(iterator: EpochIterator[Any], opener: Callable[[EpochIterator[Any]], None]) -> None:
-    """Make ``opener(iterator)`` start ``iterator`` at its first ``next()``."""
-    iterator._opener = opener
-
-
-def start_if_idle(iterator: EpochIterator[Any]) -> None:
-    """Start ``iterator``'s epoch now if no ``next()`` has yet (a checkpoint asks for its place)."""
-    if iterator._opener is not None:
-        iterator._start()
-
-
-def start_epoch(iterator: EpochIterator[Any], record: EpochRecord, parts: Any) -> None:
-    """Give the idle ``iterator`` its started epoch (see :meth:`EpochIterator._attach`)."""
-    iterator._attach(record, parts)
-
-
 def raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
     """Whether ``error`` came out of the epoch ``source`` as its source's own error.
 
@@ -206,7 +214,7 @@ class OpenEpochs:
         self.last: EpochRecord | None = None
 
     def add(self, iterator: EpochIterator[Any]) -> None:
-        """Register an epoch that was just started; it becomes the latest."""
+        """Register an epoch that was just opened; it becomes the latest."""
         self._open.append((weakref.ref(iterator), iterator._stopper))
         self.last = iterator._record
 

@@ -6,18 +6,18 @@ A training loop written for a bare ``DataLoader`` calls ``len(loader)``,
 wrappers, so wrapping a loader is a one-line change.
 
 It also opens every epoch, at the first ``next()`` of the idle iterator
-``iter()`` returned (:meth:`LoaderWrapper._begin`): it looks once for a
-distributed rank that reads everything, stops the older epochs of a source
-that has only one position, warns once about a used-up one-shot source, calls
-``iter()`` on the wrapped loader, and only then asks the wrapper for what the
-epoch runs (:meth:`LoaderWrapper._open_epoch`). A wrapper runs ahead of
+``iter()`` returned (:meth:`LoaderWrapper._open_epoch`, step 2 of the three
+in :mod:`prefetch._shared.epoch`): it looks once for a distributed rank that
+reads everything, stops the older epochs of a source that has only one
+position, warns once about a used-up one-shot source, calls ``iter()`` on the
+wrapped loader, and only then has the iterator run the epoch
+(:meth:`~prefetch._shared.epoch.EpochIterator._run`). A wrapper runs ahead of
 the training loop, so the wrapped loader's own ``state_dict()`` counts items
 the loop has not seen; each epoch therefore records the state right after
 each item it hands over (:class:`~prefetch._shared.epoch.EpochRecord`).
 
 Hooks the base declares and a subclass overrides (the only methods one
 wrapper calls on another): :meth:`LoaderWrapper._idle_epoch`,
-:meth:`LoaderWrapper._open_epoch`,
 :meth:`LoaderWrapper._start_state` (the checkpointing twin's) and
 :meth:`LoaderWrapper._copied_to`; and one class attribute a subclass sets,
 :attr:`LoaderWrapper._runs_on_consumer_thread`, which a wrapper that runs a
@@ -26,8 +26,8 @@ stacked on such a wrapper.
 
 Invariant: a wrapper has ``state_dict``/``load_state_dict`` exactly when the
 loader it wraps can checkpoint; :mod:`prefetch._shared.checkpointing` (this
-module's declared partner) adds them. Here, both names raise
-:class:`~prefetch.NotStatefulError` saying why.
+module's declared partner) decides it, by the wrapper's class, at the end of
+every wrapper's ``__init__``.
 """
 
 from __future__ import annotations
@@ -39,16 +39,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
-from prefetch._shared.epoch import (
-    EpochIterator,
-    EpochRecord,
-    OpenEpochs,
-    defer_start,
-    start_epoch,
-    start_if_idle,
-)
+from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
 from prefetch._shared.interrupted_start import forget_interrupted_start
-from prefetch._shared.stateful import NotStatefulError, read_state
+from prefetch._shared.stateful import read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
 from prefetch._shared.user_frame import user_stacklevel
@@ -156,8 +149,8 @@ class LoaderWrapper:
         self._loader = loader
         self._epoch: EpochRecord | None = None  # the latest iter()'s (None: read the loader)
         self._epochs = OpenEpochs()
-        self._newest_idle: weakref.ref[EpochIterator[Any]] | None = None  # see _settle
-        self._created = self._started = 0  # iter() calls; the newest that started (_begin)
+        self._newest: weakref.ref[EpochIterator[Any]] | None = None  # the latest iter()'s
+        self._created = self._started = 0  # iter() calls; the newest that opened its epoch
         self._sharding_checked = False  # looked for a DataLoader that every rank reads whole
         self._preparation_due = True  # look once for a DataLoader accelerate did not prepare
         self._warned_used_up = False
@@ -168,30 +161,17 @@ class LoaderWrapper:
         )
 
     def __iter__(self) -> EpochIterator[Any]:
-        """Return an idle epoch: nothing runs until its first ``next()`` (see ``_begin``)."""
-        iterator = self._idle_epoch()
+        """Return an idle epoch: nothing runs until it starts (:mod:`~prefetch._shared.epoch`)."""
         self._created += 1
-        defer_start(iterator, partial(self._begin, serial=self._created))
-        self._newest_idle = weakref.ref(iterator)
+        iterator = self._idle_epoch(partial(self._open_epoch, serial=self._created))
+        self._newest = weakref.ref(iterator)
         return iterator
 
-    def _settle(self) -> None:
-        """Start the newest ``iter()``'s epoch if it is idle and still held.
-
-        ``state_dict()`` calls it: a loop that took ``iter()`` is at the start
-        of that epoch (as a plain loader's would be); an iterator only looked
-        at and dropped (Lightning's probe) is gone and starts nothing.
-        """
-        ref, self._newest_idle = self._newest_idle, None
-        iterator = ref() if ref is not None else None
-        if iterator is not None:
-            start_if_idle(iterator)
-
-    def _begin(self, iterator: EpochIterator[Any], serial: int = 0) -> None:
-        """Start ``iterator``'s epoch: the one place that opens epochs (its first ``next()``).
+    def _open_epoch(self, iterator: EpochIterator[Any], serial: int = 0) -> None:
+        """Open ``iterator``'s epoch: the one place that opens epochs (when it starts).
 
         ``serial`` numbers the ``iter()`` calls: over a source with one position, an
-        iterator whose first ``next()`` comes after a newer one started raises.
+        iterator that starts after a newer one started raises.
         """
         if not self._sharding_checked and distributed_world() > 1:
             self._sharding_checked = True
@@ -226,28 +206,20 @@ class LoaderWrapper:
             forget_interrupted_start(error)
             raise
         if isinstance(source, EpochIterator):  # a wrapper below starts now too, on this thread
-            start_if_idle(source)
+            source.start()
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
         # this state, not the finished previous one. Nothing runs ahead yet.
         last = self._epochs.last
         record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
         record.stats.parallel_fetch_available = self._parallel_fetch_available
-        start_epoch(iterator, record, self._open_epoch(source, record))
+        owned = source is not loader  # a one-shot iterator the user passed in stays open
+        iterator._run(source, record, owned=owned, read_state=self._state_reader())
         self._epoch = record
         self._epochs.add(iterator)
         self._totals.add(iterator)
 
-    def _idle_epoch(self) -> EpochIterator[Any]:
-        """Hook: a new, idle iterator of this wrapper's kind (``iter()`` returns it)."""
-        raise NotImplementedError
-
-    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> Any:
-        """Hook: what the epoch over ``source`` (``iter()`` of the loader) needs to run.
-
-        ``record`` is the epoch's; ``source is self.loader`` for a one-shot
-        iterator, which the epoch must not close when it ends. The iterator
-        takes the result in its ``_attach``.
-        """
+    def _idle_epoch(self, opener: Opener) -> EpochIterator[Any]:
+        """Hook: a new, idle iterator of this wrapper's kind, which ``opener`` opens."""
         raise NotImplementedError
 
     def _start_state(self) -> Any:
@@ -325,14 +297,6 @@ class LoaderWrapper:
         # Only called when normal lookup fails; never recurse before _loader is set.
         if name.startswith("_"):
             raise AttributeError(name)
-        if name in ("state_dict", "load_state_dict"):
-            # Not forwarded: the wrapped loader cannot checkpoint, so neither can we.
-            msg = (
-                f"{type(self).__name__}.{name}() needs a loader with state_dict() and "
-                f"load_state_dict() (such as torchdata's StatefulDataLoader); "
-                f"{self._state_problem or 'it was not built over one'}"
-            )
-            raise NotStatefulError(msg)
         try:
             loader = object.__getattribute__(self, "_loader")
         except AttributeError:

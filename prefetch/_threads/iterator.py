@@ -36,17 +36,22 @@ Invariants:
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from prefetch._shared.epoch import CLOSE_TIMEOUT, STUCK_GRACE, EpochIterator, EpochRecord
+from prefetch._shared.epoch import CLOSE_TIMEOUT, STUCK_GRACE, EpochIterator, EpochRecord, Opener
 from prefetch._threads.engine import Engine
 from prefetch._threads.messages import Kind, Message, Run
 from prefetch._threads.policy import THREADS, Control, Fixed
 
 T = TypeVar("T")
+
+EngineFactory = Callable[[Iterator[Any], EpochRecord, bool, "Callable[[], Any] | None"], Engine]
+"""Makes an epoch's engine: (source, record, owned, read_state), as :meth:`_run` gets them."""
 
 REPORT_EVERY = 16
 """Quiet hand-offs reported to the policies at once (or the depth's worth, if more)."""
@@ -55,7 +60,8 @@ REPORT_EVERY = 16
 class BackgroundIterator(EpochIterator[T]):
     """One epoch of a :class:`BackgroundLoader`: the consumer end of its threads.
 
-    Created by ``iter(background_loader)``; you rarely name it. It stops its
+    Created by ``iter(background_loader)``; you rarely name it. Its first
+    ``next()`` (or :meth:`start`) starts the epoch. It stops its
     threads at the end of the data, on a ``BaseException`` from the source
     (an ``Exception`` is re-raised and the epoch goes on), on :meth:`close`,
     at the end of a ``with`` block and when garbage-collected.
@@ -72,10 +78,19 @@ class BackgroundIterator(EpochIterator[T]):
         StopIteration
     """
 
-    def __init__(self, *, depth: Control, threads: Control | None = None) -> None:
+    def __init__(
+        self,
+        opener: Opener,
+        engine_for: EngineFactory,
+        *,
+        depth: Control,
+        threads: Control | None = None,
+    ) -> None:
         if threads is None:
             threads = Fixed(THREADS, 1)
-        self._engine: Engine | None = None  # attached when the epoch starts
+        self._opener = opener
+        self._engine_for = engine_for
+        self._engine: Engine | None = None  # made when the epoch runs
         self._record = EpochRecord(None)  # a placeholder until then
         self._depth = depth
         self._threads = threads
@@ -103,11 +118,18 @@ class BackgroundIterator(EpochIterator[T]):
         self._source_error_id: int | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
-    def _attach(self, record: EpochRecord, parts: Any) -> None:
-        """Start the epoch's engine (``parts``), reporting to ``record``'s stats."""
-        engine: Engine = parts
+    def _run(
+        self,
+        source: Iterator[Any],
+        record: EpochRecord,
+        *,
+        owned: bool,
+        read_state: Callable[[], Any] | None,
+    ) -> None:
+        """Run the epoch: make its engine over ``source`` and start its threads."""
         self._depth.start_epoch(record.stats)
         self._threads.start_epoch(record.stats)
+        engine = self._engine_for(source, record, owned, read_state)
         self._engine = self._stopper = engine
         self._record = record
         self._return_every = self._return_interval()
@@ -141,7 +163,7 @@ class BackgroundIterator(EpochIterator[T]):
         """Hand over the next item with the bookkeeping the fast path skips."""
         try:
             if self._opener is not None:
-                self._start()  # the first next(): the epoch starts now, on this thread
+                self.start()  # the first next(): the epoch starts now, on this thread
             while not self._done:
                 pos, items = self._pos, self._items
                 if pos < len(items):
@@ -323,3 +345,9 @@ class BackgroundIterator(EpochIterator[T]):
         if self._finalizer is not None and self._engine is not None:
             self._finalizer()
             self._engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
+
+
+def started_threads(iterator: BackgroundIterator[Any]) -> tuple[threading.Thread, ...]:
+    """The threads ``iterator``'s epoch started (none before it starts)."""
+    engine = iterator._engine
+    return engine.threads if engine is not None else ()

@@ -27,7 +27,7 @@ from prefetch._shared.arguments import (
     check_timeout,
 )
 from prefetch._shared.checkpointing import adopt_state
-from prefetch._shared.epoch import EpochRecord
+from prefetch._shared.epoch import EpochRecord, Opener
 from prefetch._shared.pinning import (
     accelerator_available,
     current_device_index,
@@ -292,20 +292,29 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         """Most seconds the loop waits for the next item, or ``None`` for no limit."""
         return self._timeout
 
-    def _idle_epoch(self) -> BackgroundIterator[T]:
-        return BackgroundIterator(depth=self._depth, threads=self._threads)
+    def _idle_epoch(self, opener: Opener) -> BackgroundIterator[T]:
+        return BackgroundIterator(
+            opener, self._engine_for, depth=self._depth, threads=self._threads
+        )
 
-    def _open_epoch(self, source: Iterator[Any], record: EpochRecord) -> Engine:
+    def _engine_for(
+        self,
+        source: Iterator[Any],
+        record: EpochRecord,
+        owned: bool,
+        read_state: Callable[[], Any] | None,
+    ) -> Engine:
+        """The engine of the epoch over ``source`` (``iter()`` of the wrapped loader)."""
         start_sampler_here(source)  # a seeded shuffle must not depend on the thread's timing
         producer = ProducerSpec(
             prepare=pin_batch if self._pin_memory else None,
-            read_state=self._state_reader(),
+            read_state=read_state,
             setup=self._thread_setup(),
             seed=getattr(source, "_base_seed", None) if self._fetch_threads is not None else None,
         )
         tasks: Tasks
         if self._fetch_threads is None:
-            tasks = IteratorTasks(source, owned=source is not self._loader)
+            tasks = IteratorTasks(source, owned=owned)
         else:
             loader = cast("DataLoader[T]", self._loader)
             tasks = sampler_tasks(loader, source, "BackgroundLoader", self._fetch_grain)
