@@ -25,8 +25,8 @@ from prefetch._threads.depth_policy import (
     DepthPolicy,
 )
 from prefetch._threads.engine import Engine
-from prefetch._threads.iterator import REPORT_EVERY
 from prefetch._threads.loader import DEFAULT_MAX_BYTES
+from prefetch._threads.reports import REPORT_EVERY
 from prefetch._threads.thread_side import ThreadSide
 
 from .liveness import consume, engine_of

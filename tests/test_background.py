@@ -516,6 +516,7 @@ class TestPinMemory:
     def test_pins_nested_batches_in_the_thread(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Every nested tensor leaf goes through pinning, inside the producer thread."""
         from prefetch._shared import pinning as pinning
+        from prefetch._threads import fetch_options
         from prefetch._threads import loader as background
 
         calls: list[tuple[str, int]] = []
@@ -526,10 +527,10 @@ class TestPinMemory:
             return tensor + 100
 
         monkeypatch.setattr(pinning, "_pin_tensor", fake_pin)
-        monkeypatch.setattr(background, "accelerator_available", lambda: True)
+        monkeypatch.setattr(pinning, "accelerator_available", lambda: True)
         monkeypatch.setattr(background, "current_device_index", lambda: 3)
         monkeypatch.setattr(
-            background,
+            fetch_options,
             "select_device",
             lambda index: selected.append((threading.current_thread().name, index)),
         )

@@ -15,6 +15,7 @@ import torch
 from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._device.host import leaf_path
 from prefetch._shared import pinning
+from prefetch._threads import fetch_options
 from prefetch._threads import loader as background
 
 from . import fake_device
@@ -144,7 +145,7 @@ class TestPinningOnMps:
         def no_pinning(tensor: torch.Tensor) -> torch.Tensor:
             raise AssertionError("pinned on MPS")
 
-        monkeypatch.setattr(background, "accelerator_available", lambda: True)
+        monkeypatch.setattr(pinning, "accelerator_available", lambda: True)
         monkeypatch.setattr(pinning, "accelerator_type", lambda: "mps")
         monkeypatch.setattr(pinning, "_pin_tensor", no_pinning)
         with pytest.warns(UserWarning, match="not supported on Apple MPS"):
@@ -154,9 +155,9 @@ class TestPinningOnMps:
 
     def test_cuda_keeps_pinning(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Control: with CUDA as the accelerator the same loader pins quietly."""
-        monkeypatch.setattr(background, "accelerator_available", lambda: True)
+        monkeypatch.setattr(pinning, "accelerator_available", lambda: True)
         monkeypatch.setattr(background, "current_device_index", lambda: 0)
-        monkeypatch.setattr(background, "select_device", lambda index: None)
+        monkeypatch.setattr(fetch_options, "select_device", lambda index: None)
         monkeypatch.setattr(pinning, "accelerator_type", lambda: "cuda")
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -183,6 +183,6 @@ class TestNoPrivateDoors:
 
     def test_the_check_finds_a_door(self) -> None:
         """The check flags a read of another module's private name (its control)."""
-        tree = ast.parse("def peek(engine):\n    return engine._wait_for_run\n")
+        tree = ast.parse("def peek(engine):\n    return engine._work\n")
         engine = private_names(modules()["_threads/engine.py"])
-        assert foreign_reads(tree) == [(2, "_wait_for_run")] and "_wait_for_run" in engine
+        assert foreign_reads(tree) == [(2, "_work")] and "_work" in engine

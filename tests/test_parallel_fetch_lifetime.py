@@ -116,7 +116,7 @@ class TestReadyCount:
             dataset.gate.set()  # batch 0 now, after them; 5.. too, but no ticket is free
             wait_for(lambda: engine.snapshot().ready == 5, "batch 0 posted")
             dataset.gate.clear()  # batches 5.. wait again
-            runs, waited = engine.exchange(0, 0, wait=False)
+            runs, waited = engine.consumer.exchange(0, 0, wait=False)
             assert [run.items[0].tolist() for run in runs] == [[index] for index in range(5)]
             assert waited == 0.0 and engine.snapshot().ready == 0
         finally:

@@ -19,7 +19,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
-from prefetch._threads.engine import Engine
+from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.thread_side import ThreadSide
 
 from .liveness import consume
@@ -68,19 +68,19 @@ class TestRunsForm:
         """At depth 64, 20000 ints take a few hundred posts and exchanges, not 20000."""
         posts: list[int] = []
         taken: list[int] = []
-        post, exchange = ThreadSide.post, Engine.exchange
+        post, exchange = ThreadSide.post, ConsumerSide.exchange
 
         def spy_post(self: ThreadSide, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
             posts.append(len(run.items))
             return post(self, seq, run, *args, **kwargs)
 
-        def spy_exchange(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        def spy_exchange(self: ConsumerSide, *args: Any, **kwargs: Any) -> Any:
             runs, waited = exchange(self, *args, **kwargs)
             taken.append(sum(len(run.items) for run in runs))
             return runs, waited
 
         monkeypatch.setattr(ThreadSide, "post", spy_post)
-        monkeypatch.setattr(Engine, "exchange", spy_exchange)
+        monkeypatch.setattr(ConsumerSide, "exchange", spy_exchange)
         assert list(BackgroundLoader(range(20_000), depth=64)) == list(range(20_000))
         assert sum(posts) == sum(taken) == 20_000
         assert len(posts) <= 20_000 // 8  # at least 8 items a post on average

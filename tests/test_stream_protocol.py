@@ -293,12 +293,14 @@ class TestPinDevice:
     @pytest.fixture
     def selected(self, monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
         """Pretend an accelerator (current device 0); record what the thread selects."""
+        from prefetch._shared import pinning as _pinning
+        from prefetch._threads import fetch_options as _fetch_options
         from prefetch._threads import loader as _background
 
         chosen: list[int | None] = []
-        monkeypatch.setattr(_background, "accelerator_available", lambda: True)
+        monkeypatch.setattr(_pinning, "accelerator_available", lambda: True)
         monkeypatch.setattr(_background, "current_device_index", lambda: 0)
-        monkeypatch.setattr(_background, "select_device", chosen.append)
+        monkeypatch.setattr(_fetch_options, "select_device", chosen.append)
         monkeypatch.setattr(_background, "pin_batch", lambda batch: batch)
         return chosen
 

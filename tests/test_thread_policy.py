@@ -29,9 +29,8 @@ from prefetch._threads.thread_policy import (
     MIN_WINDOW_ITEMS,
     START_THREADS,
     ThreadPolicy,
-    available_cores,
-    needed_gain,
 )
+from prefetch._threads.thread_windows import available_cores, needed_gain
 
 from . import thread_simulator as sim
 

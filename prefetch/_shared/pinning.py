@@ -9,11 +9,13 @@ one): new threads start on device 0.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
 from prefetch._shared.structure import map_leaves
+from prefetch._shared.user_frame import user_stacklevel
 
 
 def accelerator_available() -> bool:
@@ -105,3 +107,21 @@ def pin_batch(batch: Any) -> Any:
         return value
 
     return map_leaves(leaf, batch)
+
+
+def pinning_wanted(pin_memory: bool, caller: str) -> bool:
+    """Whether ``caller(pin_memory=...)`` pins: ``False``, with a warning, where nothing can pin."""
+    if not pin_memory:
+        return False
+    if not accelerator_available():
+        message = (
+            f"{caller}(pin_memory=True): no accelerator is available, "
+            "so batches are passed through unpinned"
+        )
+    else:
+        unsupported = pinning_unsupported()
+        if unsupported is None:
+            return True
+        message = f"{caller}(pin_memory=True): {unsupported}; batches pass unpinned"
+    warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+    return False

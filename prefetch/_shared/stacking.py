@@ -39,3 +39,21 @@ def consumer_thread_wrapper(loader: Any, limit: int = 32) -> LoaderWrapper | Non
         except Exception:  # a property of someone else's object: stop looking
             return None
     return None
+
+
+def check_stack_order(loader: Any, caller: str) -> None:
+    """Refuse ``caller(loader)`` when ``loader`` holds a wrapper that must run on the loop's thread.
+
+    Raises:
+        TypeError: naming that wrapper and the order to stack them in.
+    """
+    inner = consumer_thread_wrapper(loader)
+    if inner is not None:
+        name = type(inner).__name__
+        msg = (
+            f"{caller}({name}(...)) is the wrong order: a {name} must run on "
+            f"the training loop's thread (its stream waits target that thread's current "
+            f"stream), not in a background thread; stack them the other way: "
+            f"{name}({caller}(...))"
+        )
+        raise TypeError(msg)

@@ -32,7 +32,6 @@ every wrapper's ``__init__``.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -41,10 +40,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
 from prefetch._shared.interrupted_start import forget_interrupted_start
+from prefetch._shared.passthrough import set_epoch_on, warn_consumed, why_unsized
 from prefetch._shared.stateful import read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
-from prefetch._shared.user_frame import user_stacklevel
 
 if TYPE_CHECKING:
     import torch
@@ -77,59 +76,6 @@ def one_iterator_reason(loader: Any) -> str | None:
             "which resets its one iterator at every iter()"
         )
     return None
-
-
-def warn_consumed(wrapper: str, loader: Any) -> None:
-    """Warn that a later epoch over the one-shot ``loader`` is empty, at the caller's line."""
-    warnings.warn(
-        f"{wrapper}: this epoch is empty: the one-shot {type(loader).__name__} it "
-        "wraps was consumed by an earlier epoch; wrap a re-iterable loader (a list, "
-        "a DataLoader) to run several epochs",
-        UserWarning,
-        stacklevel=user_stacklevel(),
-    )
-
-
-def set_epoch_on(loader: Any, epoch: int) -> None:
-    """Forward ``set_epoch(epoch)`` to whatever in ``loader`` understands it.
-
-    If ``loader`` has ``set_epoch`` (another wrapper, or a loader that
-    forwards it itself), only that is called. Otherwise it is called on each
-    of ``loader.sampler``, ``loader.batch_sampler.sampler`` and
-    ``loader.dataset`` that has it, once per object. If none has it, nothing
-    happens: a loop that calls ``set_epoch`` for a ``DistributedSampler`` also
-    runs unchanged on one process with a plain sampler.
-
-    Example:
-        >>> class Sampler:
-        ...     def set_epoch(self, epoch): self.epoch = epoch
-        >>> class Loader:
-        ...     sampler = Sampler()
-        >>> loader = Loader()
-        >>> set_epoch_on(loader, 3)
-        >>> loader.sampler.epoch
-        3
-    """
-    if isinstance(epoch, bool) or not isinstance(epoch, int):
-        msg = f"set_epoch(epoch) expects an int, got {epoch!r} of type {type(epoch).__name__}"
-        raise TypeError(msg)
-    own = getattr(loader, "set_epoch", None)
-    if callable(own):
-        own(epoch)
-        return
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    candidates = (
-        getattr(loader, "sampler", None),
-        getattr(batch_sampler, "sampler", None),
-        getattr(loader, "dataset", None),
-    )
-    seen: set[int] = set()
-    for candidate in candidates:
-        method = getattr(candidate, "set_epoch", None)
-        if candidate is None or id(candidate) in seen or not callable(method):
-            continue
-        seen.add(id(candidate))
-        method(epoch)
 
 
 class LoaderWrapper:
@@ -271,7 +217,7 @@ class LoaderWrapper:
         try:
             return len(self._loader)
         except TypeError:
-            msg = f"{type(self).__name__} has no len(): {_why_unsized(self._loader)}"
+            msg = f"{type(self).__name__} has no len(): {why_unsized(innermost(self._loader))}"
             raise TypeError(msg) from None
 
     def set_epoch(self, epoch: int) -> None:
@@ -311,17 +257,11 @@ class LoaderWrapper:
             raise AttributeError(msg) from None
 
 
-def _why_unsized(loader: Any) -> str:
-    """Say which object in ``loader`` lacks a length (the dataset of a DataLoader)."""
-    if isinstance(loader, LoaderWrapper):
-        return _why_unsized(loader.loader)
-    dataset = getattr(loader, "dataset", None)
-    if dataset is not None and not hasattr(type(dataset), "__len__"):
-        return (
-            f"the dataset {type(dataset).__name__!r} of the wrapped "
-            f"{type(loader).__name__!r} defines no __len__"
-        )
-    return f"the wrapped loader {type(loader).__name__!r} defines no __len__"
+def innermost(loader: Any) -> Any:
+    """The loader a stack of wrappers wraps (``loader`` itself if it is no wrapper)."""
+    while isinstance(loader, LoaderWrapper):
+        loader = loader.loader
+    return loader
 
 
 def short_repr(loader: Any, limit: int = 60) -> str:

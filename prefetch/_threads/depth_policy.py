@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 
 from prefetch._shared.stats import LoaderStats
-from prefetch._threads.policy import DEPTH, AdaptivePolicy
+from prefetch._threads.policy import DEPTH, AdaptivePolicy, Control, Fixed
 
 START_DEPTH = 2
 """Depth of a new adaptive loader, and the floor it shrinks back to."""
@@ -302,3 +302,16 @@ class DepthPolicy(AdaptivePolicy):
 def _ms(seconds: float) -> str:
     """Format a duration for a reason: ``'4.2 ms'``, ``'1.5 s'``."""
     return f"{seconds:.4g} s" if seconds >= 0.9995 else f"{seconds * 1e3:.3g} ms"
+
+
+def depth_control(fixed: int | None, max_depth: int | None, max_bytes: int | None) -> Control:
+    """The depth of a loader: ``Fixed`` at ``fixed``, or, for ``None``, a :class:`DepthPolicy`.
+
+    A ceiling the user set (``max_depth``) holds for every item; the default
+    one rises to :data:`QUICK_MAX_DEPTH` for quick items.
+    """
+    if fixed is not None:
+        return Fixed(DEPTH, fixed)
+    maximum = max_depth if max_depth is not None else DEFAULT_MAX_DEPTH
+    quick = QUICK_MAX_DEPTH if max_depth is None else None
+    return DepthPolicy(maximum=maximum, max_bytes=max_bytes, quick_maximum=quick)

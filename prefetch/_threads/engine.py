@@ -7,8 +7,9 @@ This is the only module that starts threads. A batch goes one way:
    and collates;
 2. it posts runs through its :class:`~prefetch._threads.thread_side.ThreadSide`
    into the :class:`~prefetch._threads.handover.Handover`;
-3. the consumer end (:mod:`prefetch._threads.iterator`) takes them with
-   :meth:`Engine.exchange` and hands their items to the loop.
+3. the consumer end (:mod:`prefetch._threads.iterator`) takes them through
+   its :class:`~prefetch._threads.consumer_side.ConsumerSide` and hands their
+   items to the loop.
 
 Both sides share one :class:`~prefetch._threads.shared.Shared`; neither calls
 back into the other. What is in flight is counted by
@@ -32,9 +33,6 @@ Invariants (every change here, and in the modules named, must keep them):
   :class:`~prefetch._threads.handover.Handover`, which also says what
   changes out of order). So items arrive in source order and an error
   arrives as the same object after every item drawn before it.
-* **Runs.** The consumer takes every run posted in order in one locked
-  section and gives tickets back in batches (how threads make runs:
-  :mod:`prefetch._threads.producers`).
 * **Tickets bound what is in flight.** A thread takes a ticket for each
   draw; the consumer gives it back once the item is handed to the loop (the
   bound, and the byte bound: :class:`~prefetch._threads.tickets.Tickets`).
@@ -42,16 +40,12 @@ Invariants (every change here, and in the modules named, must keep them):
   run it waits for is posted; threads waiting for tickets when the consumer
   gives tickets back (every quarter of the bound, at most) or is about to
   wait.
-* **Errors.** What a thread catches becomes a message in one place,
-  :func:`~prefetch._threads.messages.message_for`. An ``Exception`` is
-  posted as ``RAISE_AND_GO_ON`` in its place and the epoch goes on (the
-  source decides whether it has more), unless the source is broken by it
-  (:meth:`~prefetch._threads.tasks.Tasks.broken`): ``RAISE_AND_END``.
-  ``StopIteration`` from a draw (``END``, carrying the state read just after
-  it) and a ``BaseException`` (``RAISE_AND_END``) are *final*: no thread
-  draws again, the earliest final wins, and it is posted only by the last
-  thread to leave, after the source is released: a DataLoader's workers are
-  gone before its error is seen.
+* **Errors.** What a thread catches becomes a message in one place
+  (:func:`~prefetch._threads.messages.message_for`, which says which). An
+  error the source goes on after is posted in its place; the end and a
+  final error end the epoch: no thread draws again, the earliest final wins,
+  and it is posted only by the last thread to leave, after the source is
+  released (a DataLoader's workers are gone before its error is seen).
 * **Timeout.** With a :class:`~prefetch._threads.timeout.Timeout`, a consumer
   that waited longer for the run it wants stops the engine and takes a
   final ``RAISE_AND_END`` run carrying the timeout error instead.
@@ -73,9 +67,9 @@ import threading
 import time
 
 from prefetch._shared.epoch import EpochRecord
-from prefetch._shared.profiling import profiling, span
+from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.fetch_info import enter_fetch_thread, leave_fetch_thread
-from prefetch._threads.messages import STOPPED_RUN, Final, Kind, Message, Run, Snapshot
+from prefetch._threads.messages import Final, Snapshot
 from prefetch._threads.producers import Producer
 from prefetch._threads.shared import Shared
 from prefetch._threads.tasks import BoardTasks, ProducerSpec, Tasks
@@ -138,9 +132,9 @@ class Engine:
             in_order=in_order,
         )
         self.side = ThreadSide(self.shared)
+        self.consumer = ConsumerSide(self.shared, timeout)
         self.parallel = isinstance(tasks, BoardTasks)  # several threads read its draws
         self.max_bytes = max_bytes
-        self.timeout = timeout
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
@@ -224,82 +218,9 @@ class Engine:
             self.shared.tickets.depth = depth
             self.shared.space.notify_all()
 
-    def exchange(
-        self, returned: int, returned_bytes: int, *, wait: bool
-    ) -> tuple[list[Run], float]:
-        """Give back tickets, and take every run posted in order.
-
-        Args:
-            returned: Items (and ``RAISE_AND_GO_ON`` errors) handed to the loop
-                since the last exchange: their tickets are given back.
-            returned_bytes: Their tensor bytes (0 without a byte bound).
-            wait: Block until a run is posted if none is.
-
-        Returns:
-            The runs (``[STOPPED_RUN]`` once the engine stopped; empty only
-            without ``wait``) and the seconds waited.
-
-        Raises:
-            RuntimeError: Every thread left without posting the run waited for.
-        """
-        shared = self.shared
-        with shared.lock:
-            if returned:
-                shared.tickets.given_back(returned, returned_bytes)
-            runs = shared.handover.take()
-            if runs or not wait:
-                if returned and shared.waiting and not shared.woken:
-                    shared.wake_threads()
-                return runs, 0.0
-            if shared.waiting and not shared.woken and shared.tickets.free():
-                shared.wake_threads()  # about to wait: whatever is free must be used
-            started = time.perf_counter()
-            if profiling():
-                with span("prefetch.wait"):
-                    runs = self._wait_for_run()
-            else:
-                runs = self._wait_for_run()
-            return runs, time.perf_counter() - started
-
-    def _wait_for_run(self) -> list[Run]:
-        shared = self.shared
-        shared.consumer_waiting = True
-        timeout = self.timeout
-        deadline = time.monotonic() + timeout.seconds if timeout is not None else 0.0
-        try:
-            while True:
-                if shared.stopped:
-                    return [STOPPED_RUN]
-                wait = shared.poll
-                if timeout is not None:
-                    wait = deadline - time.monotonic()
-                    if wait <= 0:  # the epoch ends here: nothing fetched is kept
-                        self.stop()
-                        message = Message(Kind.RAISE_AND_END, timeout.error(), None)
-                        return [Run([], end=message)]
-                    wait = min(wait, shared.poll)
-                shared.data.wait(wait)
-                runs = shared.handover.take()
-                if runs:
-                    return runs
-                if shared.running == 0 and not shared.releasing and not shared.stopped:
-                    names = ", ".join(repr(thread.name) for thread in shared.started)
-                    msg = (
-                        f"prefetch thread(s) {names} exited without delivering "
-                        "an item, an error or the end of the data"
-                    )
-                    raise RuntimeError(msg)
-        finally:
-            shared.consumer_waiting = False
-
     def stop(self) -> None:
         """Ask every thread to leave; safe from any thread, any number of times."""
-        shared = self.shared
-        with shared.lock:
-            shared.stopped = True
-            shared.handover.clear()
-            shared.space.notify_all()
-            shared.data.notify_all()
+        self.shared.stop()
 
     def join(self, *, timeout: float, stuck_grace: float) -> bool:
         """Wait for the threads to leave after :meth:`stop`; return whether they all did.

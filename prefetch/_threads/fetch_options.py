@@ -15,12 +15,18 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, Literal
 
+import torch
+
+from prefetch._shared.pinning import select_device
 from prefetch._shared.user_frame import user_stacklevel
+from prefetch._threads.fetch_info import call_thread_init
 from prefetch._threads.parallel_fetch import check_parallel_loader
 from prefetch._threads.policy import THREADS, Control, Fixed
-from prefetch._threads.thread_policy import ThreadPolicy, available_cores
+from prefetch._threads.thread_policy import ThreadPolicy
+from prefetch._threads.thread_windows import available_cores
 
 THREADS_PER_CORE = 32
 """Fetch threads per core past which a fixed count warns: even threads that wait on
@@ -173,3 +179,24 @@ def check_in_order(in_order: object, fetch_threads: object, owner: str) -> bool:
         )
         raise ValueError(msg)
     return in_order
+
+
+def thread_setup(
+    device: int | None, num_threads: int | None, init: Callable[[int], object] | None
+) -> Callable[[], None] | None:
+    """What each thread of an epoch runs first (``None`` if nothing).
+
+    It selects ``device`` (for pinning), sets ``torch.set_num_threads`` and
+    calls ``thread_init_fn``.
+    """
+    if device is None and num_threads is None and init is None:
+        return None
+
+    def setup() -> None:
+        select_device(device)
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        if init is not None:
+            call_thread_init(init)
+
+    return setup

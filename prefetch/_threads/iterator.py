@@ -20,11 +20,8 @@ Invariants:
   to within a quarter of the depth when the loop stops in a run's middle).
   An item handed over is no longer referenced by the run, so the loop alone
   decides how long it lives.
-* **Reports are exact.** The slow path reports to adaptive policies at once
-  when the loop waited or nearly did, and otherwise after exactly
-  ``max(REPORT_EVERY, depth)`` quiet hand-offs: the fast path stops there.
-* Only the latest epoch reports to the depth and thread policies; an older
-  one still open keeps the depth and threads it had.
+* **Reports are exact** (:mod:`prefetch._threads.reports`): the fast path
+  stops where a report to the adaptive policies is due.
 * An ``Exception`` the source raised (``RAISE_AND_GO_ON``) is re-raised in its place
   and the epoch goes on: the next ``next()`` returns what the source gave
   after it. A final error (``RAISE_AND_END``: a ``BaseException``, or the error of a
@@ -47,14 +44,12 @@ from prefetch._shared.epoch import CLOSE_TIMEOUT, STUCK_GRACE, EpochIterator, Ep
 from prefetch._threads.engine import Engine
 from prefetch._threads.messages import Kind, Message, Run
 from prefetch._threads.policy import THREADS, Control, Fixed
+from prefetch._threads.reports import Reports
 
 T = TypeVar("T")
 
 EngineFactory = Callable[[Iterator[Any], EpochRecord, bool, "Callable[[], Any] | None"], Engine]
 """Makes an epoch's engine: (source, record, owned, read_state), as :meth:`_run` gets them."""
-
-REPORT_EVERY = 16
-"""Quiet hand-offs reported to the policies at once (or the depth's worth, if more)."""
 
 
 class BackgroundIterator(EpochIterator[T]):
@@ -108,12 +103,7 @@ class BackgroundIterator(EpochIterator[T]):
         self._items_at_exchange = 0  # stats.items when tickets were last given back
         self._largest = 0  # bytes of the largest item taken (with a byte bound)
         self._return_every = max(1, depth.value // 4)
-        # What the policies are told at the next report.
-        self._reports = depth.adaptive or threads.adaptive  # fixed ones hear nothing
-        self._waited = 0.0  # seconds the last exchange waited
-        self._handed_over = 0.0  # perf_counter() at the last report
-        self._reported_items = 0  # stats.items at the last report
-        self._fewest = 0  # the fewest items ready at a report point since (0: report at once)
+        self._reports = Reports(depth, threads)  # what the policies are told, and when
         self._done = False
         self._source_error_id: int | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -180,12 +170,13 @@ class BackgroundIterator(EpochIterator[T]):
                         self._exchange(wait=False)  # tickets back; the runs posted since
                         handed = 0
                     stats.last_handoff = time.perf_counter()
-                    if self._reports:
-                        self._note_hand_over(self._ready())
+                    reports = self._reports
+                    if reports.active:
+                        self._report(reports)
                     # The fast path stops before a return point, a report and a run's last item.
                     until = min(len(items) - 1, pos + self._return_every - handed)
-                    if self._reports:
-                        until = min(until, pos + self._report_due(stats.items))
+                    if reports.active:
+                        until = min(until, pos + reports.due(stats.items))
                     self._fast_until = until
                     return item  # type: ignore[no-any-return]
                 if self._end_message is not None:
@@ -195,8 +186,6 @@ class BackgroundIterator(EpochIterator[T]):
                     self._load(self._queued.popleft())
                     continue
                 self._exchange(wait=True)
-                if self._waited:
-                    self._fewest = 0  # the loop waited: reported with the next item
             self._end()
         finally:
             del self  # a traceback keeps this frame: not the iterator (see the invariants)
@@ -236,10 +225,10 @@ class BackgroundIterator(EpochIterator[T]):
         self._returned_pos = pos
         self._items_at_exchange = self._record.stats.items
         assert self._engine is not None  # started: _next_slow starts the epoch first
-        runs, waited = self._engine.exchange(returned, nbytes, wait=wait)
+        runs, waited = self._engine.consumer.exchange(returned, nbytes, wait=wait)
         self._queued.extend(runs)
         if waited:
-            self._waited = waited  # reported with the next hand-over
+            self._reports.waited(waited)
             self._record.stats.wait_seconds += waited
 
     def _take_end(self) -> None:
@@ -273,66 +262,15 @@ class BackgroundIterator(EpochIterator[T]):
     def _raised(self, error: BaseException) -> bool:
         return self._source_error_id == id(error)
 
-    def _note_hand_over(self, ready: int) -> None:
-        """Report to the policies now if the loop waited or nearly did, else every few items."""
-        if ready < self._fewest:
-            self._fewest = ready
-        items = self._record.stats.items
-        fewest, depth = self._fewest, self._depth
-        # A near miss at the ceiling changes nothing a wait or the next report would not.
-        urgent = fewest == 0 or (fewest == 1 and depth.value < depth.maximum)
-        if urgent or self._report_due(items) <= 0:
-            try:
-                self._adapt(items)
-            except BaseException:  # a policy's failure (Ctrl-C included) ends the epoch
-                self._finish()
-                raise
-
-    def _report_due(self, items: int) -> int:
-        """Hand-offs from the one that made ``items`` to the next quiet report."""
-        return self._reported_items + max(REPORT_EVERY, self._depth.value) - items
-
-    def _adapt(self, items: int) -> None:
-        """Report the hand-offs since the last report to the policies; apply their decisions."""
-        stats = self._record.stats
-        adapts_depth, adapts_threads = self._depth.drives(stats), self._threads.drives(stats)
-        if not adapts_depth and not adapts_threads:
-            self._reports = False  # a newer iter() adapts them now; this epoch keeps its own
-            return
-        now = time.perf_counter()
-        assert self._engine is not None
-        engine = self._engine.snapshot()
-        if adapts_depth:
-            fewest = self._fewest
-            waited = 0.0 if fewest else self._waited  # only the last hand-off can have waited
-            threads = max(engine.threads, 1)  # N threads make an item N times as often
-            new = self._depth.observe(
-                now=now,
-                step=now - self._handed_over - waited,
-                waited=waited,
-                ready=fewest,
-                fetched=engine.fetched,
-                busy_seconds=engine.busy_seconds / threads,
-                blocked_seconds=engine.blocked_seconds,
-                largest_item=engine.largest_item,
-                count=max(1, items - self._reported_items),
-            )
-            if new is not None:
-                self._engine.set_depth(new)
+    def _report(self, reports: Reports) -> None:
+        """Tell the policies of this hand-over (a policy's failure ends the epoch)."""
+        assert self._engine is not None  # a hand-over: the epoch runs
+        try:
+            if reports.hand_over(self._ready(), self._record.stats, self._engine):
                 self._return_every = self._return_interval()
-        if adapts_threads:
-            wanted = self._threads.observe(
-                now=now,
-                items=items,
-                waited=stats.wait_seconds,
-                busy_seconds=engine.busy_seconds,
-                cpu_seconds=engine.cpu_seconds,
-                largest_item=engine.largest_item,
-            )
-            if wanted is not None:
-                self._engine.set_threads(wanted)
-        self._handed_over, self._reported_items = now, items
-        self._fewest, self._waited = 1 << 62, 0.0
+        except BaseException:  # Ctrl-C included
+            self._finish()
+            raise
 
     def _finish(self) -> None:
         if not self._done:

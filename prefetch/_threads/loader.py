@@ -11,7 +11,6 @@ epoch is :mod:`prefetch._threads.iterator`; the threads are
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Literal, TypeVar, cast
 
@@ -29,18 +28,15 @@ from prefetch._shared.arguments import (
 from prefetch._shared.checkpointing import adopt_state
 from prefetch._shared.epoch import EpochRecord, Opener
 from prefetch._shared.pinning import (
-    accelerator_available,
     current_device_index,
     pin_batch,
-    pinning_unsupported,
-    select_device,
+    pinning_wanted,
 )
-from prefetch._shared.stacking import consumer_thread_wrapper
+from prefetch._shared.stacking import check_stack_order
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.allocator import return_freed_memory
-from prefetch._threads.depth_policy import DEFAULT_MAX_DEPTH, QUICK_MAX_DEPTH, DepthPolicy
+from prefetch._threads.depth_policy import depth_control
 from prefetch._threads.engine import Engine
-from prefetch._threads.fetch_info import call_thread_init
 from prefetch._threads.fetch_options import (
     OUT_OF_ORDER,
     check_fetch_grain,
@@ -48,11 +44,11 @@ from prefetch._threads.fetch_options import (
     check_thread_init_fn,
     fetchable,
     thread_control,
+    thread_setup,
 )
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.keywords import explain_keywords
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
-from prefetch._threads.policy import DEPTH, Control, Fixed
 from prefetch._threads.sampler_seed import start_sampler_here
 from prefetch._threads.tasks import IteratorTasks, ProducerSpec, Tasks
 from prefetch._threads.timeout import Timeout, check_dataloader_timeout
@@ -188,44 +184,16 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         in_order: bool = True,
     ) -> None:
         check_iterable(loader, "BackgroundLoader")
-        inner = consumer_thread_wrapper(loader)
-        if inner is not None:
-            name = type(inner).__name__
-            msg = (
-                f"BackgroundLoader({name}(...)) is the wrong order: a {name} must run on "
-                f"the training loop's thread (its stream waits target that thread's current "
-                f"stream), not in a background thread; stack them the other way: "
-                f"{name}(BackgroundLoader(...))"
-            )
-            raise TypeError(msg)
+        check_stack_order(loader, "BackgroundLoader")
         fixed = check_loader_depth(depth, max_depth, "BackgroundLoader")
         self._max_bytes = check_optional_count(max_bytes, "max_bytes", "BackgroundLoader")
         self._budget_set = max_bytes is not None  # the user's budget holds from the first item
-        self._depth: Control
-        if fixed is None:
-            if self._max_bytes is None:
-                self._max_bytes = DEFAULT_MAX_BYTES
-            maximum = max_depth if max_depth is not None else DEFAULT_MAX_DEPTH
-            quick = QUICK_MAX_DEPTH if max_depth is None else None  # a ceiling you set holds
-            self._depth = DepthPolicy(
-                maximum=maximum, max_bytes=self._max_bytes, quick_maximum=quick
-            )
-        else:
-            self._depth = Fixed(DEPTH, fixed)
+        if fixed is None and self._max_bytes is None:
+            self._max_bytes = DEFAULT_MAX_BYTES
+        self._depth = depth_control(fixed, max_depth, self._max_bytes)
         check_bool(pin_memory, "pin_memory", "BackgroundLoader")
         check_optional_count(num_threads, "num_threads", "BackgroundLoader")
-        if pin_memory and not accelerator_available():
-            warnings.warn(
-                "BackgroundLoader(pin_memory=True): no accelerator is available, "
-                "so batches are passed through unpinned",
-                UserWarning,
-                stacklevel=2,
-            )
-            pin_memory = False
-        elif pin_memory and (unsupported := pinning_unsupported()) is not None:
-            message = f"BackgroundLoader(pin_memory=True): {unsupported}; batches pass unpinned"
-            warnings.warn(message, UserWarning, stacklevel=2)
-            pin_memory = False
+        pin_memory = pinning_wanted(pin_memory, "BackgroundLoader")
         self._fetch_threads = check_fetch_threads(fetch_threads, "BackgroundLoader")
         if fetch_threads is not None:
             check_parallel_loader(loader, "BackgroundLoader")
@@ -340,18 +308,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         device = None
         if self._pin_memory:
             device = self._pin_device if self._pin_device is not None else current_device_index()
-        num_threads, init = self._num_threads, self._thread_init_fn
-        if device is None and num_threads is None and init is None:
-            return None
-
-        def setup() -> None:
-            select_device(device)
-            if num_threads is not None:
-                torch.set_num_threads(num_threads)
-            if init is not None:
-                call_thread_init(init)
-
-        return setup
+        return thread_setup(device, self._num_threads, self._thread_init_fn)
 
     def __repr__(self) -> str:
         depth = "'auto'" if self._depth.adaptive else self._depth.value

@@ -123,6 +123,14 @@ class Shared:
                 cpu_seconds=self.cpu,
             )
 
+    def stop(self) -> None:
+        """Ask every thread to leave, drop what was posted; any thread, any number of times."""
+        with self.lock:
+            self.stopped = True
+            self.handover.clear()
+            self.space.notify_all()
+            self.data.notify_all()
+
     def wake_threads(self) -> None:
         """Wake the threads waiting for tickets (holding the lock); the tests' seam."""
         self.woken = True  # until one of them waits again

@@ -64,11 +64,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 from prefetch._shared.arguments import check_count
 from prefetch._shared.stats import LoaderStats
 from prefetch._threads.policy import THREADS, AdaptivePolicy
+from prefetch._threads.thread_windows import (
+    NOTHING,
+    Window,
+    available_cores,
+    needed_gain,
+    rate,
+    size,
+)
 
 START_THREADS = 2
 """Threads of a new adaptive loader: parallel from the start, cheap if the loader is ahead."""
@@ -76,8 +83,6 @@ DEFAULT_MAX_THREADS = 32
 """Default ceiling: past this, storage that needs more concurrency wants another design."""
 MIN_WAIT_SHARE = 0.1
 """Share of a window the loop must wait before the count grows."""
-MIN_GAIN = 0.1
-"""Throughput rise a growth must bring (at most; see :func:`needed_gain`)."""
 HEADROOM = 1.5
 """Threads beyond the linear estimate of what the loop needs, as a factor."""
 MAX_GROWTH = 4
@@ -93,72 +98,6 @@ SAMPLE_WINDOW_ITEMS = 2
 there are no rounds to fill, and a fresh loader ramps within its first 20 batches."""
 MIN_WINDOW_SECONDS = 0.05
 """Shortest window: switch intervals and timer noise are milliseconds."""
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the OS has one)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    if affinity is not None:
-        return max(1, len(affinity(0)))
-    return os.cpu_count() or 1
-
-
-def needed_gain(wait_share: float) -> float:
-    """Throughput rise a growth from a window with this wait share must bring.
-
-    :data:`MIN_GAIN`, or half the most the loop allowed if that is less: a
-    loop that waited a share ``w`` can take batches at most ``1 / (1 - w)``
-    times as fast.
-
-    Example:
-        >>> needed_gain(0.5), round(needed_gain(0.1), 4)
-        (0.1, 0.0556)
-    """
-    if wait_share >= 1.0:
-        return MIN_GAIN
-    return min(MIN_GAIN, wait_share / (1.0 - wait_share) / 2)
-
-
-@dataclasses.dataclass(slots=True)
-class Window:
-    """Sums over a window: seconds, batches, the loop's wait, the threads' busy and CPU time.
-
-    A report's cumulative figures are kept as a window from the clock's origin.
-    """
-
-    seconds: float
-    items: int
-    waited: float
-    busy: float
-    cpu: float
-
-    def to(self, point: Window, carry: Window) -> Window:
-        """The sums from this report to a later one, plus ``carry``."""
-        return Window(
-            point.seconds - self.seconds + carry.seconds,
-            point.items - self.items + carry.items,
-            point.waited - self.waited + carry.waited,
-            point.busy - self.busy + carry.busy,
-            point.cpu - self.cpu + carry.cpu,
-        )
-
-    @property
-    def throughput(self) -> float:
-        """Batches handed over per second."""
-        return self.items / self.seconds
-
-    @property
-    def wait_share(self) -> float:
-        """Share of the window the loop waited for data."""
-        return min(1.0, max(0.0, self.waited / self.seconds))
-
-    @property
-    def cpu_share(self) -> float:
-        """CPU seconds per busy second of the threads (0 when unknown)."""
-        return self.cpu / self.busy if self.busy > 0 and self.cpu > 0 else 0.0
-
-
-_NOTHING = Window(0.0, 0, 0.0, 0.0, 0.0)
 
 
 @dataclasses.dataclass
@@ -223,7 +162,7 @@ class ThreadPolicy(AdaptivePolicy):
         self._probe: tuple[int, Window] | None = None  # (count before a growth, its window)
         self._held_count: _Hold | None = None  # the count held after a probe that did not pay
         self._failures = 0  # probes that did not pay, ever: the back-off
-        self._carry = _NOTHING  # a partial window from the previous epoch
+        self._carry = NOTHING  # a partial window from the previous epoch
         self._start_epoch_marks()
 
     def _start_epoch_marks(self) -> None:
@@ -286,7 +225,7 @@ class ThreadPolicy(AdaptivePolicy):
             enough = SAMPLE_WINDOW_ITEMS
         if window.items < enough or window.seconds < MIN_WINDOW_SECONDS:
             return None
-        self._mark, self._carry = point, _NOTHING
+        self._mark, self._carry = point, NOTHING
         new = self._decide(window, largest_item)
         if new is None or new == self.value:
             return None
@@ -307,8 +246,8 @@ class ThreadPolicy(AdaptivePolicy):
                 self._held_count = _Hold(previous, n, before, before.wait_share)
                 self._holds_recorded.add("tried")  # the revert says it; no hold event this epoch
                 self._reason = (
-                    f"revert: {n} threads gave {_rate(window)}, {gain:+.0%} on "
-                    f"{previous} threads ({_rate(before)}; {needed:.0%} needed); "
+                    f"revert: {n} threads gave {rate(window)}, {gain:+.0%} on "
+                    f"{previous} threads ({rate(before)}; {needed:.0%} needed); "
                     f"back to {previous}, held until the loop waits more"
                 )
                 return previous
@@ -333,8 +272,8 @@ class ThreadPolicy(AdaptivePolicy):
                 self._record_hold(
                     "tried",
                     f"hold: {hold.tried} threads gave no more throughput than {hold.threads} "
-                    f"({_rate(then)}, the loop waiting {then.wait_share:.0%}); "
-                    f"now {_rate(window)}, waiting {w:.0%}",
+                    f"({rate(then)}, the loop waiting {then.wait_share:.0%}); "
+                    f"now {rate(window)}, waiting {w:.0%}",
                 )
                 return None
             self._held_count = None
@@ -347,7 +286,7 @@ class ThreadPolicy(AdaptivePolicy):
         self._probe = (n, window)
         self._reason = (
             f"grow: the loop waited {w:.0%} of the time at {n} threads "
-            f"({_rate(window)}){again}; within {text}"
+            f"({rate(window)}){again}; within {text}"
         )
         return new
 
@@ -378,25 +317,13 @@ class ThreadPolicy(AdaptivePolicy):
     def _bytes_text(self, by_bytes: int, largest_item: int) -> str:
         batches = "1 batch" if by_bytes == 1 else f"{by_bytes} batches"
         return (
-            f"max_bytes ({_size(self.max_bytes or 0)}) holds {batches} "
-            f"of {_size(largest_item)} in flight"
+            f"max_bytes ({size(self.max_bytes or 0)}) holds {batches} "
+            f"of {size(largest_item)} in flight"
         )
 
     def _change(self, new: int, reason: str) -> int:
         old = self.value
         super()._change(new, reason)
-        self._mark, self._carry = None, _NOTHING  # measure afresh once the new count settled
+        self._mark, self._carry = None, NOTHING  # measure afresh once the new count settled
         self._settle_until = self._items + (max(old, new) if self._rounds else 1)
         return new
-
-
-def _rate(window: Window) -> str:
-    return f"{window.throughput:.3g} batches/s"
-
-
-def _size(n: int) -> str:
-    """Format a byte count for a reason: ``'512 bytes'``, ``'1.5 MiB'``."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.3g} {unit}"
-    return f"{n} bytes"

@@ -1,0 +1,100 @@
+"""``ConsumerSide``: what the consumer end of an epoch does to the state its threads share.
+
+The consumer end (:mod:`prefetch._threads.iterator`) gives tickets back and
+takes the runs posted in order with :meth:`ConsumerSide.exchange`, waiting
+when none is ready. Every rule these
+methods keep is written in :mod:`prefetch._threads.engine`; each takes the
+shared lock for one decision and never calls into a thread.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefetch._shared.profiling import profiling, span
+from prefetch._threads.messages import STOPPED_RUN, Kind, Message, Run
+from prefetch._threads.shared import Shared
+from prefetch._threads.timeout import Timeout
+
+
+class ConsumerSide:
+    """The consumer's calls on its engine's shared state (see the module).
+
+    Args:
+        shared: The engine's state.
+        timeout: The consumer's longest wait for a run, or ``None``.
+    """
+
+    __slots__ = ("shared", "timeout")
+
+    def __init__(self, shared: Shared, timeout: Timeout | None) -> None:
+        self.shared = shared
+        self.timeout = timeout
+
+    def exchange(
+        self, returned: int, returned_bytes: int, *, wait: bool
+    ) -> tuple[list[Run], float]:
+        """Give back tickets, and take every run posted in order.
+
+        Args:
+            returned: Items (and ``RAISE_AND_GO_ON`` errors) handed to the loop
+                since the last exchange: their tickets are given back.
+            returned_bytes: Their tensor bytes (0 without a byte bound).
+            wait: Block until a run is posted if none is.
+
+        Returns:
+            The runs (``[STOPPED_RUN]`` once the engine stopped; empty only
+            without ``wait``) and the seconds waited.
+
+        Raises:
+            RuntimeError: Every thread left without posting the run waited for.
+        """
+        shared = self.shared
+        with shared.lock:
+            if returned:
+                shared.tickets.given_back(returned, returned_bytes)
+            runs = shared.handover.take()
+            if runs or not wait:
+                if returned and shared.waiting and not shared.woken:
+                    shared.wake_threads()
+                return runs, 0.0
+            if shared.waiting and not shared.woken and shared.tickets.free():
+                shared.wake_threads()  # about to wait: whatever is free must be used
+            started = time.perf_counter()
+            if profiling():
+                with span("prefetch.wait"):
+                    runs = self._wait_for_run()
+            else:
+                runs = self._wait_for_run()
+            return runs, time.perf_counter() - started
+
+    def _wait_for_run(self) -> list[Run]:
+        shared = self.shared
+        shared.consumer_waiting = True
+        timeout = self.timeout
+        deadline = time.monotonic() + timeout.seconds if timeout is not None else 0.0
+        try:
+            while True:
+                if shared.stopped:
+                    return [STOPPED_RUN]
+                wait = shared.poll
+                if timeout is not None:
+                    wait = deadline - time.monotonic()
+                    if wait <= 0:  # the epoch ends here: nothing fetched is kept
+                        shared.stop()
+                        message = Message(Kind.RAISE_AND_END, timeout.error(), None)
+                        return [Run([], end=message)]
+                    wait = min(wait, shared.poll)
+                shared.data.wait(wait)
+                runs = shared.handover.take()
+                if runs:
+                    return runs
+                if shared.running == 0 and not shared.releasing and not shared.stopped:
+                    names = ", ".join(repr(thread.name) for thread in shared.started)
+                    msg = (
+                        f"prefetch thread(s) {names} exited without delivering "
+                        "an item, an error or the end of the data"
+                    )
+                    raise RuntimeError(msg)
+        finally:
+            shared.consumer_waiting = False
