@@ -10,7 +10,9 @@ declared partners or the name is a hook or class attribute that
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
+import re
 
 import pytest
 
@@ -186,3 +188,46 @@ class TestNoPrivateDoors:
         tree = ast.parse("def peek(engine):\n    return engine._work\n")
         engine = private_names(modules()["_threads/engine.py"])
         assert foreign_reads(tree) == [(2, "_work")] and "_work" in engine
+
+
+class TestArchitecturePage:
+    """docs/architecture.rst names what exists, and indexes every module with its tests."""
+
+    PAGE = ROOT.parent / "docs" / "architecture.rst"
+
+    def named(self, pattern: str) -> set[str]:
+        """Every ``path`` the page names that matches ``pattern``."""
+        return set(re.findall(pattern, self.PAGE.read_text(encoding="utf-8")))
+
+    def test_every_module_is_indexed(self) -> None:
+        """Each module of the package (but the folders' __init__) has a row in the index."""
+        wanted = {
+            f"prefetch/{name}"
+            for name in modules()
+            if not (name.endswith("/__init__.py") and "/" in name)
+        }
+        assert wanted - self.named(r"``(prefetch/[\w/]+\.py)``") == set()
+
+    def test_every_path_it_names_exists(self) -> None:
+        """Every module and test file the page names is in the repository."""
+        paths = self.named(r"``((?:prefetch|tests)/[\w/]+\.py)``")
+        missing = sorted(path for path in paths if not (ROOT.parent / path).is_file())
+        assert paths and missing == []
+
+    def test_every_dotted_name_it_names_exists(self) -> None:
+        """Every ``prefetch._x.y`` module, class or function in its roles resolves."""
+        missing = []
+        for dotted in self.named(r":(?:mod|class|meth|func):`~?(prefetch\.[\w.]+)`"):
+            parts = dotted.split(".")
+            target: object = None
+            for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+                try:
+                    target = importlib.import_module(".".join(parts[:cut]))
+                except ImportError:
+                    continue
+                for part in parts[cut:]:
+                    target = getattr(target, part, None)
+                break
+            if target is None:
+                missing.append(dotted)
+        assert missing == []

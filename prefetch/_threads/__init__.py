@@ -1,25 +1,24 @@
 """The thread side: :class:`~prefetch.BackgroundLoader` and what runs it.
 
-* :mod:`.loader`: the loader (arguments, epochs) and :mod:`.iterator`, the
-  consumer end of one epoch; :mod:`.keywords`: the error for a keyword the
-  loader does not take (a DataLoader's, a typo).
+How a batch travels through these modules, and which test guards each, is
+the Architecture page of the docs (``docs/architecture.rst``). In short:
+
+* :mod:`.loader`: the loader (arguments, what each epoch runs);
+  :mod:`.iterator`: the consumer end of one epoch, with :mod:`.reports` (what
+  it tells the self-tuning policies); :mod:`.keywords`: the error for a
+  keyword the loader does not take.
 * :mod:`.engine`: the only place that starts threads; every concurrency
-  invariant is written in its docstring. It counts what is in flight with
-  :mod:`.tickets` and hands runs over in order with :mod:`.handover`; its
-  threads run a producer (:mod:`.producers` over an iterator,
-  :mod:`.sample_fetch` over a DataLoader's samples) typed against
-  :mod:`.thread_side`, and post what :mod:`.messages` describes.
-* :mod:`.tasks`: what a thread draws (in order) and reads (in parallel);
-  :mod:`.parallel_fetch`: a DataLoader's batches read in several threads;
-  :mod:`.sampler_seed`: a seeded shuffle started on the caller's thread;
-  :mod:`.fetch_options`: the ``fetch_threads`` ceilings and ``thread_init_fn``;
-  :mod:`.fetch_info`: what a fetch thread knows about itself;
-  :mod:`.allocator`: freed tensor memory goes back to the system while fetch
-  threads run.
-* :mod:`.timeout`: ``timeout=``, the loop's longest wait, and its error.
-* :mod:`.policy`: the shape both self-tuning policies share;
-  :mod:`.depth_policy` (``depth="auto"``) and :mod:`.thread_policy`
-  (``fetch_threads="auto"``): their rules.
+  invariant is written in its docstring. Its threads run a
+  :class:`~.producers.Producer` over :mod:`.tasks` (a DataLoader's batches
+  read in parallel: :mod:`.parallel_fetch`, :mod:`.sample_board`) and call
+  :mod:`.thread_side`; the consumer calls :mod:`.consumer_side`; both share
+  :mod:`.shared`, which keeps :mod:`.tickets` and :mod:`.handover`; they pass
+  what :mod:`.messages` describes.
+* :mod:`.sampler_seed`, :mod:`.fetch_options`, :mod:`.fetch_info`,
+  :mod:`.allocator`, :mod:`.timeout`: a seeded shuffle, the ``fetch_threads``
+  options, what a fetch thread knows, freed memory, ``timeout=``.
+* :mod:`.policy` with :mod:`.depth_policy` (``depth="auto"``),
+  :mod:`.thread_policy` and :mod:`.thread_windows` (``fetch_threads="auto"``).
 * :mod:`.torch_guard`: with the GIL off, one lock around torch's record of
-  DataLoader worker pids (a prefetch thread and the main thread both use it).
+  DataLoader worker pids.
 """

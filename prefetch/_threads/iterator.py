@@ -14,7 +14,7 @@ Invariants:
   depth, or the items ``max_bytes`` holds; at least every item), and
   whenever the items taken run out, the slow path gives their tickets back
   and takes the runs posted since
-  (:meth:`~prefetch._threads.engine.Engine.exchange`). A run's first and
+  (:meth:`~prefetch._threads.consumer_side.ConsumerSide.exchange`). A run's first and
   last items take the slow path too, which
   stamps ``stats.last_handoff`` (so an epoch's time ends at its last item,
   to within a quarter of the depth when the loop stops in a run's middle).

@@ -50,7 +50,7 @@ class SamplerTasks:
     Made by :func:`sampler_tasks`. A drawn batch is planned as units on the
     :attr:`board` (:meth:`plan`), read by any thread (:meth:`read`) and
     collated once all are in (:meth:`join`); see
-    :mod:`prefetch._threads.sample_fetch`. At the grain of samples, the
+    :mod:`prefetch._threads.producers`. At the grain of samples, the
     default, a unit is a sample (or, for a dataset with ``__getitems__``, a
     chunk per thread); at the grain of batches (``grain="batch"``) the whole
     batch is one unit, read by one thread as a worker process reads it.

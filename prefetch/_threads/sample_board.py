@@ -1,6 +1,6 @@
 """The batches being read at the grain of samples, shared by the fetch threads.
 
-With sample-grain parallel fetch (:mod:`prefetch._threads.sample_fetch`) a
+With sample-grain parallel fetch (:mod:`prefetch._threads.producers`) a
 batch's samples are read by whichever threads are free. A thread that draws
 a batch puts it on the :class:`SampleBoard` as *units* (one index, or a
 contiguous chunk for a dataset with ``__getitems__``); every thread takes

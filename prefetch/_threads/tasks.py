@@ -14,7 +14,7 @@ order, by as many threads as the engine has, and does the slow part.
   own iterator; ``plan`` splits it into units on the shared ``board``
   (samples, chunks, or the whole batch as one unit); any thread ``read``\ s a
   unit, and ``join`` collates a batch whose units are all in
-  (:mod:`prefetch._threads.sample_fetch`).
+  (:mod:`prefetch._threads.producers`).
 """
 
 from __future__ import annotations

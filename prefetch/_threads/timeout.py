@@ -1,6 +1,6 @@
 """``BackgroundLoader(timeout=...)``: how long the loop waits for the next item, at most.
 
-The engine (:meth:`~prefetch._threads.engine.Engine.exchange`) times the
+The engine (:meth:`~prefetch._threads.consumer_side.ConsumerSide.exchange`) times the
 consumer's wait; when it passes the :class:`Timeout`, the engine stops and
 the loop gets a :class:`LoaderTimeoutError` in the place of the item it
 waited for, as a final error: the epoch is over, its threads are asked to
