@@ -120,7 +120,7 @@ class Run:
 
 
 STOPPED_RUN = Run([], end=Message(Kind.STOPPED, None, None))
-"""What :meth:`~prefetch._threads.consumer_side.ConsumerSide.exchange` hands over once the engine stopped."""
+"""What :meth:`~prefetch._threads.consumer_side.ConsumerSide.exchange` gives once stopped."""
 
 
 class Final(NamedTuple):
