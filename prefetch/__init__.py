@@ -14,6 +14,7 @@ from prefetch._shared.stateful import NotStatefulError, Stateful
 from prefetch._shared.stats import DepthEvent, LoaderStats, ThreadEvent
 from prefetch._shared.totals import TotalStats
 from prefetch._threads.fetch_info import FetchInfo, fetch_info, sample_seed
+from prefetch._threads.fetch_options import BackgroundSettings
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.loader import BackgroundLoader
 from prefetch._threads.timeout import LoaderTimeoutError
@@ -23,6 +24,7 @@ __version__ = "0.4.0"
 __all__ = [
     "BackgroundIterator",
     "BackgroundLoader",
+    "BackgroundSettings",
     "CudaPrefetcher",
     "DepthEvent",
     "DeviceIterator",

@@ -511,7 +511,7 @@ class TestPinMemory:
             warnings.simplefilter("error")
             got = list(loader) + list(loader)
         assert all(item is batch for item in got)
-        assert loader.pin_memory is False
+        assert loader.settings.pin_memory is False
 
     def test_pins_nested_batches_in_the_thread(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Every nested tensor leaf goes through pinning, inside the producer thread."""

@@ -150,7 +150,7 @@ class TestPinningOnMps:
         monkeypatch.setattr(pinning, "_pin_tensor", no_pinning)
         with pytest.warns(UserWarning, match="not supported on Apple MPS"):
             loader = BackgroundLoader([torch.ones(2)], pin_memory=True)
-        assert loader.pin_memory is False
+        assert loader.settings.pin_memory is False
         assert [b.tolist() for b in loader] == [[1.0, 1.0]]
 
     def test_cuda_keeps_pinning(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,4 +161,4 @@ class TestPinningOnMps:
         monkeypatch.setattr(pinning, "accelerator_type", lambda: "cuda")
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert BackgroundLoader([torch.ones(2)], pin_memory=True).pin_memory is True
+            assert BackgroundLoader([torch.ones(2)], pin_memory=True).settings.pin_memory is True

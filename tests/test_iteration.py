@@ -6,6 +6,7 @@ Every stack must give the loop what the unwrapped loader gives it.
 from __future__ import annotations
 
 import gc
+import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -374,3 +375,30 @@ class TestMessages:
             "CudaPrefetcher(BackgroundLoader(<list object>, depth=3), device='cpu')"
         )
         assert repr(BackgroundLoader([1, 2])) == "BackgroundLoader([1, 2], depth='auto')"
+
+
+class TestAttributesAreTheLoaders:
+    """A DataLoader attribute read on a wrapper is the wrapped DataLoader's, never an option."""
+
+    @pytest.mark.parametrize("stack", sorted(STACKS))
+    def test_every_dataloader_keyword_reads_through(self, stack: str) -> None:
+        """Each DataLoader.__init__ keyword read on the wrapper equals the DataLoader's value."""
+        plain = DataLoader(list(range(8)), batch_size=2, num_workers=2, timeout=3, drop_last=True)
+        loader = STACKS[stack](plain)
+        names = [name for name in inspect.signature(DataLoader.__init__).parameters][1:]
+        differ = {
+            name: (getattr(loader, name), getattr(plain, name))
+            for name in names
+            if hasattr(plain, name) and getattr(loader, name) is not getattr(plain, name)
+        }
+        assert differ == {}
+        assert {"timeout", "pin_memory", "num_workers"} <= set(names)
+
+    def test_the_wrappers_own_options_are_its_settings(self) -> None:
+        """BackgroundLoader's timeout, pin_memory and in_order are in .settings, as resolved."""
+        plain = DataLoader(list(range(8)), batch_size=2)
+        loader = BackgroundLoader(plain, depth=3, timeout=4, fetch_threads=2, in_order=False)
+        settings = loader.settings
+        assert (settings.depth, settings.timeout, settings.in_order) == (3, 4.0, False)
+        assert (settings.fetch_threads, settings.pin_memory) == (2, False)
+        assert (loader.timeout, loader.in_order) == (plain.timeout, plain.in_order)

@@ -75,7 +75,7 @@ class TestOutOfOrder:
         loader = BackgroundLoader(
             DataLoader(dataset, batch_size=4), fetch_threads=4, fetch_grain=grain
         )
-        assert loader.in_order
+        assert loader.settings.in_order
         assert first_values(list(loader)) == [0, 4, 8, 12]
 
     @pytest.mark.parametrize("grain", GRAINS)

@@ -104,7 +104,7 @@ class TestDoesNotTimeOut:
     def test_no_timeout(self, value: float | None) -> None:
         """None, 0 (as in DataLoader) and infinity mean no limit: a slow item is waited for."""
         loader = BackgroundLoader(slow_at(1, count=2, seconds=0.3), timeout=value)
-        assert loader.timeout is None and list(loader) == [0, 1]
+        assert loader.settings.timeout is None and list(loader) == [0, 1]
 
 
 class TestArgument:
@@ -113,7 +113,7 @@ class TestArgument:
     def test_accepted_and_shown(self) -> None:
         """An int is taken as seconds; the repr shows it; it is BackgroundLoader's own keyword."""
         loader = BackgroundLoader(range(3), timeout=2)
-        assert loader.timeout == 2.0 and isinstance(loader.timeout, float)
+        assert loader.settings.timeout == 2.0 and isinstance(loader.settings.timeout, float)
         assert repr(loader) == "BackgroundLoader(range(0, 3), depth='auto', timeout=2)"
 
     @pytest.mark.parametrize(
@@ -144,4 +144,4 @@ class TestArgument:
     def test_dataloader_timeout_with_workers_is_kept(self) -> None:
         """With worker processes the DataLoader's own timeout is valid: the wrapper takes it."""
         loader = BackgroundLoader(DataLoader(list(range(4)), num_workers=2, timeout=5))
-        assert loader.timeout is None and len(loader) == 4
+        assert loader.settings.timeout is None and len(loader) == 4

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -31,6 +31,35 @@ from prefetch._threads.thread_windows import available_cores
 THREADS_PER_CORE = 32
 """Fetch threads per core past which a fixed count warns: even threads that wait on
 storage 97% of the time keep every core busy at this many."""
+
+
+class BackgroundSettings(NamedTuple):
+    """A :class:`~prefetch.BackgroundLoader`'s options, as it resolved them (its ``settings``).
+
+    Attributes:
+        depth: ``"auto"``, or the fixed depth.
+        max_depth: An adaptive depth's ceiling (the fixed depth otherwise).
+        max_bytes: Most tensor bytes buffered, or ``None`` for no limit.
+        pin_memory: Whether batches are pinned in the thread (false without
+            an accelerator, whatever was asked).
+        num_threads: ``torch.set_num_threads`` in the threads, or ``None``.
+        fetch_threads: Threads reading a DataLoader in parallel, ``"auto"``,
+            or ``None`` (one thread).
+        fetch_grain: ``"sample"`` or ``"batch"`` (with ``fetch_threads``).
+        in_order: Whether batches are handed over in sampler order.
+        timeout: Most seconds the loop waits for an item, or ``None``.
+    """
+
+    depth: int | Literal["auto"]
+    max_depth: int
+    max_bytes: int | None
+    pin_memory: bool
+    num_threads: int | None
+    fetch_threads: int | Literal["auto"] | None
+    fetch_grain: str
+    in_order: bool
+    timeout: float | None
+
 
 
 def thread_control(

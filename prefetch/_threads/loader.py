@@ -39,6 +39,7 @@ from prefetch._threads.depth_policy import depth_control
 from prefetch._threads.engine import Engine
 from prefetch._threads.fetch_options import (
     OUT_OF_ORDER,
+    BackgroundSettings,
     check_fetch_grain,
     check_in_order,
     check_thread_init_fn,
@@ -241,24 +242,37 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         return self._max_bytes
 
     @property
-    def pin_memory(self) -> bool:
-        """Whether batches are pinned in the thread (false without an accelerator)."""
-        return self._pin_memory
-
-    @property
     def fetch_threads(self) -> int | Literal["auto"] | None:
         """Threads that fetch a DataLoader's batches in parallel (``None``: one thread)."""
         return self._fetch_threads
 
     @property
-    def in_order(self) -> bool:
-        """Whether batches are handed over in sampler order (``False``: as they are ready)."""
-        return self._in_order
+    def settings(self) -> BackgroundSettings:
+        """Its options as it resolved them: a :class:`~prefetch.BackgroundSettings`.
 
-    @property
-    def timeout(self) -> float | None:
-        """Most seconds the loop waits for the next item, or ``None`` for no limit."""
-        return self._timeout
+        Its own options live here, not as attributes of the same names: an
+        attribute the loader lacks reads through to the wrapped loader, so
+        ``loader.timeout``, ``loader.pin_memory`` and ``loader.in_order``
+        are the wrapped ``DataLoader``'s, as a framework that rebuilds a
+        ``DataLoader`` from them (accelerate's ``skip_first_batches``) needs.
+
+        Example:
+            >>> from torch.utils.data import DataLoader
+            >>> loader = BackgroundLoader(DataLoader(range(4)), timeout=5)
+            >>> loader.settings.timeout, loader.timeout
+            (5.0, 0)
+        """
+        return BackgroundSettings(
+            depth="auto" if self._depth.adaptive else self._depth.value,
+            max_depth=self._depth.maximum,
+            max_bytes=self._max_bytes,
+            pin_memory=self._pin_memory,
+            num_threads=self._num_threads,
+            fetch_threads=self._fetch_threads,
+            fetch_grain=self._fetch_grain,
+            in_order=self._in_order,
+            timeout=self._timeout,
+        )
 
     def _idle_epoch(self, opener: Opener) -> BackgroundIterator[T]:
         return BackgroundIterator(
