@@ -648,6 +648,7 @@ def test_public_api_is_explicit() -> None:
     assert set(prefetch.__all__) == {
         "BackgroundIterator",
         "BackgroundLoader",
+        "BackgroundSettings",
         "CudaPrefetcher",
         "DepthEvent",
         "DeviceIterator",
