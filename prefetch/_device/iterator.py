@@ -28,6 +28,10 @@ Invariants:
   the iterator, nor DataLoader workers, alive.
 * After ``StopIteration`` the source's state is read once more and becomes
   the epoch's state when the loop reaches the end.
+* Over a sized loader the copies run ahead to its last item, never past:
+  the ``next()`` that finds the end is made when the loop asks past the
+  last item, as a plain loop makes it (and a framework that stops at
+  ``len(loader)`` never makes it).
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ class DeviceIterator(EpochIterator[T]):
         self._pending: deque[InFlight | Failure] = deque()
         self._ended = False  # the source raised StopIteration
         self._end_state: Any = None
+        self._left: int | None = None  # see _run
         self._releaser: weakref.finalize[Any, Any] | None = None
         self._thread = threading.get_ident()  # the consumer's: iter() runs on it
 
@@ -135,9 +140,11 @@ class DeviceIterator(EpochIterator[T]):
         *,
         owned: bool,
         read_state: Callable[[], Any] | None,
+        expected: int | None,
     ) -> None:
         """Take the source: the copies start at the first ``next()`` that needs them."""
         self._read_state = read_state
+        self._left = expected  # items to take before the next() that finds the end (None: any)
         self._record, self._source = record, source
         self._releaser = releaser = weakref.finalize(self, release_source, source, owned)
         releaser.atexit = False
@@ -154,6 +161,8 @@ class DeviceIterator(EpochIterator[T]):
             if self._opener is not None:
                 self.start()  # the first next(): the epoch starts now, on this thread
                 stats = self._record.stats
+            if not self._pending and self._left == 0:
+                self._left = None  # the loop asks past the last item: now look for the end
             self._fill(1)
             if not self._pending:
                 if self._ended:
@@ -191,7 +200,9 @@ class DeviceIterator(EpochIterator[T]):
 
     def _fill(self, count: int) -> None:
         try:
-            while self._source is not None and len(self._pending) < count:
+            while self._source is not None and len(self._pending) < count and self._left != 0:
+                if self._left is not None:
+                    self._left -= 1
                 self._load_one(self._source)
         finally:
             del self  # a traceback may keep this frame (see the module invariants)

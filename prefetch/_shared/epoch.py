@@ -151,13 +151,16 @@ class EpochIterator(Iterator[T]):
         *,
         owned: bool,
         read_state: Callable[[], Any] | None,
+        expected: int | None,
     ) -> None:
         """Hook: run the epoch over ``source`` (``iter()`` of the wrapped loader).
 
         ``record`` is the epoch's; ``owned`` whether the epoch releases the
         source when it ends (not a one-shot iterator the user passed in);
         ``read_state`` reads the wrapped loader's checkpoint state after each
-        item (``None``: not stateful). Sets ``_stopper``.
+        item (``None``: not stateful); ``expected`` is the wrapped loader's
+        length, if it has one: the ``next()`` past that many items, which finds
+        the end, waits until the loop asks for it. Sets ``_stopper``.
         """
         raise NotImplementedError
 

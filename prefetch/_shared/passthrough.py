@@ -76,3 +76,20 @@ def why_unsized(loader: Any) -> str:
             f"{type(loader).__name__!r} defines no __len__"
         )
     return f"the wrapped loader {type(loader).__name__!r} defines no __len__"
+
+
+def sized_length(loader: Any) -> int | None:
+    """``len(loader)``, or ``None`` if it has no length (or its ``len`` raises).
+
+    A wrapper reads ahead to this many items and makes the call that finds
+    the end only when the loop asks past them, as a plain loop does.
+
+    Example:
+        >>> sized_length([1, 2, 3]), sized_length(iter([1, 2, 3]))
+        (3, None)
+    """
+    try:
+        length = len(loader)
+    except Exception:  # no __len__ (TypeError), or one that cannot say (an IterableDataset's)
+        return None
+    return length if isinstance(length, int) and length >= 0 else None

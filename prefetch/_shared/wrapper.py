@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
 from prefetch._shared.interrupted_start import forget_interrupted_start
-from prefetch._shared.passthrough import set_epoch_on, warn_consumed, why_unsized
+from prefetch._shared.passthrough import set_epoch_on, sized_length, warn_consumed, why_unsized
 from prefetch._shared.stateful import read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
@@ -159,7 +159,13 @@ class LoaderWrapper:
         record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
         record.stats.parallel_fetch_available = self._parallel_fetch_available
         owned = source is not loader  # a one-shot iterator the user passed in stays open
-        iterator._run(source, record, owned=owned, read_state=self._state_reader())
+        iterator._run(
+            source,
+            record,
+            owned=owned,
+            read_state=self._state_reader(),
+            expected=sized_length(loader),
+        )
         self._epoch = record
         self._epochs.add(iterator)
         self._totals.add(iterator)

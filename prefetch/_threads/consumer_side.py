@@ -58,7 +58,11 @@ class ConsumerSide:
                 if returned and shared.waiting and not shared.woken:
                     shared.wake_threads()
                 return runs, 0.0
-            if shared.waiting and not shared.woken and shared.tickets.free():
+            tickets = shared.tickets
+            if tickets.at_the_gate():  # the loop asks past the last item: find the end now
+                tickets.gate_open = True
+                shared.wake_threads()
+            elif shared.waiting and not shared.woken and tickets.free():
                 shared.wake_threads()  # about to wait: whatever is free must be used
             started = time.perf_counter()
             if profiling():

@@ -36,6 +36,8 @@ Invariants (every change here, and in the modules named, must keep them):
 * **Tickets bound what is in flight.** A thread takes a ticket for each
   draw; the consumer gives it back once the item is handed to the loop (the
   bound, and the byte bound: :class:`~prefetch._threads.tickets.Tickets`).
+  Over a sized source, the draw past its length (the one that finds the end)
+  gets its ticket only once the loop asks past the last item.
 * **Wake-ups.** A side is woken only when it waits: the consumer when the
   run it waits for is posted; threads waiting for tickets when the consumer
   gives tickets back (every quarter of the bound, at most) or is about to
@@ -104,6 +106,8 @@ class Engine:
             posted (a byte budget the user set is kept from the first item on).
         timeout: The consumer's longest wait for a run, or ``None``.
         in_order: Hand runs over in number order; ``False``: as they are posted.
+        expected: The source's length, if known: the draw that finds its end
+            waits until the loop asks past it.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class Engine:
         probe_first: bool = False,
         timeout: Timeout | None = None,
         in_order: bool = True,
+        expected: int | None = None,
     ) -> None:
         self.shared = Shared(
             tasks,
@@ -130,6 +135,7 @@ class Engine:
             measure_cpu=measure_cpu,
             probe_first=probe_first,
             in_order=in_order,
+            expected=expected,
         )
         self.side = ThreadSide(self.shared)
         self.consumer = ConsumerSide(self.shared, timeout)

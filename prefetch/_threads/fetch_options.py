@@ -61,7 +61,6 @@ class BackgroundSettings(NamedTuple):
     timeout: float | None
 
 
-
 def thread_control(
     loader: Any,
     fetch_threads: int | Literal["auto"] | None,

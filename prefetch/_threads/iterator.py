@@ -48,8 +48,10 @@ from prefetch._threads.reports import Reports
 
 T = TypeVar("T")
 
-EngineFactory = Callable[[Iterator[Any], EpochRecord, bool, "Callable[[], Any] | None"], Engine]
-"""Makes an epoch's engine: (source, record, owned, read_state), as :meth:`_run` gets them."""
+EngineFactory = Callable[
+    [Iterator[Any], EpochRecord, bool, "Callable[[], Any] | None", "int | None"], Engine
+]
+"""Makes an epoch's engine: (source, record, owned, read_state, expected), as ``_run`` gets them."""
 
 
 class BackgroundIterator(EpochIterator[T]):
@@ -115,11 +117,12 @@ class BackgroundIterator(EpochIterator[T]):
         *,
         owned: bool,
         read_state: Callable[[], Any] | None,
+        expected: int | None,
     ) -> None:
         """Run the epoch: make its engine over ``source`` and start its threads."""
         self._depth.start_epoch(record.stats)
         self._threads.start_epoch(record.stats)
-        engine = self._engine_for(source, record, owned, read_state)
+        engine = self._engine_for(source, record, owned, read_state, expected)
         self._engine = self._stopper = engine
         self._record = record
         self._return_every = self._return_interval()

@@ -285,6 +285,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         record: EpochRecord,
         owned: bool,
         read_state: Callable[[], Any] | None,
+        expected: int | None,
     ) -> Engine:
         """The engine of the epoch over ``source`` (``iter()`` of the wrapped loader)."""
         start_sampler_here(source)  # a seeded shuffle must not depend on the thread's timing
@@ -312,6 +313,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             probe_first=self._budget_set,
             timeout=Timeout(self._timeout, repr(self)) if self._timeout is not None else None,
             in_order=self._in_order,
+            expected=expected,
         )
 
     def _copied_to(self, device: torch.device) -> None:

@@ -51,6 +51,8 @@ class Shared:
         measure_cpu: Sum the threads' CPU time (a system call per item).
         probe_first: With no size known, one draw at a time until one is posted.
         in_order: Hand runs over in number order; ``False``: as they are posted.
+        expected: The source's length, if known: the draw that finds its end
+            waits until the loop asks past it (:mod:`prefetch._threads.tickets`).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class Shared:
         measure_cpu: bool,
         probe_first: bool,
         in_order: bool,
+        expected: int | None = None,
     ) -> None:
         self.tasks, self.spec, self.record = tasks, spec, record
         self.max_bytes = max_bytes
@@ -82,6 +85,7 @@ class Shared:
             max_bytes=max_bytes,
             largest_item=record.largest_item,
             probe_first=probe_first,
+            expected=expected,
         )
         self.handover = Handover(in_order=in_order)
         self.fetched = 0  # items posted, in all

@@ -8,6 +8,13 @@ and, with ``max_bytes``, never more than the bytes posted and not handed over
 plus the largest item seen for each ticket a thread holds and for the new
 one, unless nothing is in flight (one item always flows).
 
+The end-finding draw waits for the loop. For a sized source (``expected``:
+its length), no ticket is given for a draw past the ``expected``-th until the
+*gate* opens: when the consumer, having handed every item to the loop, asks
+for more. A plain loop makes that ``next()`` there (and a framework that stops
+at ``len(loader)`` never makes it), so its side effects (a sampler's last
+random draw, a one-shot source giving up an item) happen at the same step.
+
 Invariant: a :class:`Tickets` is plain data of its engine, read and written
 only while the engine's lock is held; it takes no lock and wakes nobody.
 :class:`Held` is one thread's share, read and written by that thread and,
@@ -35,6 +42,8 @@ class Tickets:
         max_bytes: Most tensor bytes in flight, or ``None`` for no byte bound.
         largest_item: Bytes of the largest item seen (0: unknown).
         probe_first: With no size known, one draw at a time until one is posted.
+        expected: Draws the source makes before its end, if known (its ``len``):
+            the draw after them waits for the gate (see the module).
 
     Example:
         >>> tickets = Tickets(depth=2, threads=1, max_bytes=None, largest_item=0)
@@ -49,7 +58,10 @@ class Tickets:
     __slots__ = (
         "buffered_bytes",
         "depth",
+        "expected",
+        "gate_open",
         "in_flight",
+        "issued",
         "largest_item",
         "max_bytes",
         "probe_first",
@@ -65,6 +77,7 @@ class Tickets:
         max_bytes: int | None,
         largest_item: int,
         probe_first: bool = False,
+        expected: int | None = None,
     ) -> None:
         self.depth = depth
         self.threads = threads  # wanted (those running may still be leaving)
@@ -74,6 +87,9 @@ class Tickets:
         self.in_flight = 0  # taken and not given back
         self.unposted = 0  # of them, held by threads (drawing, or drawn and not posted)
         self.buffered_bytes = 0  # posted and not handed over (with a byte bound)
+        self.expected = expected
+        self.issued = 0  # tickets taken for draws, in all (not those given back unused)
+        self.gate_open = expected is None
 
     def limit(self) -> int:
         """Most tickets out at once: each thread may hold a batch besides the depth ready ones."""
@@ -82,6 +98,8 @@ class Tickets:
     def free(self) -> int:
         """Tickets that may be taken now."""
         free = self.limit() - self.in_flight
+        if self.expected is not None and not self.gate_open:
+            free = min(free, self.expected - self.issued)
         if free <= 0:
             return 0
         limit = self.max_bytes
@@ -101,6 +119,7 @@ class Tickets:
     def take(self, held: Held, most: int) -> int:
         """Take up to ``most`` free tickets for ``held``; return how many (0: none free)."""
         count = min(self.free(), most)
+        self.issued += count
         self.in_flight += count
         self.unposted += count
         held.tickets += count
@@ -111,6 +130,7 @@ class Tickets:
         held.tickets -= tickets
         self.unposted -= tickets
         self.in_flight -= unused
+        self.issued -= unused
 
     def buffered(self, sizes: list[int]) -> None:
         """Items of ``sizes`` tensor bytes were posted (with a byte bound)."""
@@ -124,6 +144,17 @@ class Tickets:
         held.tickets -= tickets
         self.unposted -= tickets
         self.in_flight -= tickets
+        self.issued -= tickets
+
+    def at_the_gate(self) -> bool:
+        """Whether the loop, every item handed over, asks past the ``expected`` draws."""
+        expected = self.expected
+        return (
+            expected is not None
+            and not self.gate_open
+            and self.issued >= expected
+            and not self.in_flight
+        )
 
     def given_back(self, count: int, nbytes: int) -> None:
         """The consumer handed ``count`` items (``nbytes`` tensor bytes) to the loop."""
