@@ -332,24 +332,47 @@ class TestOneShotSources:
             assert list(loader) == []
 
     @pytest.mark.parametrize("stack", STACKS)
-    def test_an_epoch_cut_short_does_not_warn(self, stack: str) -> None:
-        """A later epoch goes on silently, past at most each wrapper's depth read ahead."""
+    def test_an_epoch_cut_short_loses_nothing(self, stack: str) -> None:
+        """After a break the next epoch starts with the first item the loop did not take."""
         loader = STACKS[stack](iter(range(100)))
         for item in loader:
             if item == 1:
                 break
         with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            rest = list(loader)
-        # What the cut-short epoch read ahead is gone with it (the guide says so): at
-        # most the depth of each wrapper in the stack, whichever thread ran first.
-        # Over 6 items two stacked wrappers of depth 2 could take all that was left.
-        read_ahead, level = 0, loader
-        while isinstance(level, (BackgroundLoader, CudaPrefetcher)):
-            read_ahead += level.depth
-            level = level.loader
-        assert rest and 2 <= rest[0] <= 2 + read_ahead
-        assert rest == list(range(rest[0], 100))
+            warnings.simplefilter("error")  # and no warning: the source is not used up
+            assert list(loader) == list(range(2, 100))
+
+    @pytest.mark.parametrize("stack", STACKS)
+    def test_close_keeps_the_read_ahead_too(self, stack: str) -> None:
+        """Closed mid-epoch, then the loader closed: the next epoch starts where the loop was."""
+        loader = STACKS[stack](iter(range(20)))
+        iterator = iter(loader)
+        assert [next(iterator) for _ in range(3)] == [0, 1, 2]
+        iterator.close()
+        loader.close()
+        second = iter(loader)
+        assert next(second) == 3
+        del second
+        assert list(loader) == list(range(4, 20))
+
+    @pytest.mark.parametrize("stack", STACKS)
+    def test_errors_and_the_end_are_carried_in_place(self, stack: str) -> None:
+        """A source error read ahead comes in its place next epoch; an end found ends it."""
+
+        def source() -> Iterator[int]:
+            yield 0
+            yield 1
+            raise ValueError("bad")
+
+        loader = STACKS[stack](source())
+        iterator = iter(loader)
+        assert next(iterator) == 0
+        del iterator  # the thread may have read 1 and the error already
+        rest = iter(loader)
+        assert next(rest) == 1
+        with pytest.raises(ValueError, match="bad"):
+            next(rest)
+        assert list(rest) == []
 
 
 class TestMessages:

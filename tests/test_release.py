@@ -27,38 +27,64 @@ from .sources import SlowDataset, Tracked
 pytestmark = pytest.mark.timeout(60)
 
 
+class Made:
+    """Tracked items made by ``items()``, and how many are alive (weak references)."""
+
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref[Tracked]] = []
+
+    def track(self, index: int) -> Tracked:
+        item = Tracked(index)
+        self.refs.append(weakref.ref(item))
+        return item
+
+    def items(self, n: int = 50) -> Iterator[Tracked]:
+        for index in range(n):
+            yield self.track(index)  # no local: the suspended generator holds no item
+
+    def live(self) -> int:
+        return sum(ref() is not None for ref in self.refs)
+
+
 class TestAbandonedEpoch:
     """After ``break`` and garbage collection the loader keeps no prefetched item alive."""
 
     def test_prefetched_items_freed(self) -> None:
         """Items the thread buffered ahead of a broken loop are freed, the loader still alive."""
-        refs: list[weakref.ref[Tracked]] = []
+        made = Made()
 
-        def track(index: int) -> Tracked:
-            item = Tracked(index)
-            refs.append(weakref.ref(item))
-            return item
+        class Source:  # re-iterable: nothing read ahead is carried to a next epoch
+            def __iter__(self) -> Iterator[Tracked]:
+                return made.items()
 
-        def source() -> Iterator[Tracked]:
-            for index in range(50):
-                yield track(index)  # no local: the suspended generator holds no item
-
-        loader = BackgroundLoader(source(), depth=4)
-
-        def live() -> int:
-            return sum(ref() is not None for ref in refs)
-
+        loader = BackgroundLoader(Source(), depth=4)
         for first in loader:
             assert first.index == 0
             # 1 handed over + 4 buffered: the buffer is full before we leave.
-            wait_for(lambda: live() == 5, lambda: f"{live()} items alive, not 5", LIVENESS_SECONDS)
+            wait_for(lambda: made.live() == 5, lambda: f"{made.live()} alive, not 5")
             break
         del first
         gc.collect()
         wait_for(lambda: not prefetch_threads(), lambda: "thread still alive", LIVENESS_SECONDS)
         gc.collect()
-        assert live() == 0, f"{live()} prefetched items kept alive by the loader after break + GC"
+        assert made.live() == 0, f"{made.live()} prefetched items kept alive after break + GC"
         assert loader.stats.items == 1
+
+    def test_a_one_shot_sources_read_ahead_is_kept_until_the_loader_goes(self) -> None:
+        """Over a generator the 4 items read ahead are kept for the next epoch, freed with it."""
+        made = Made()
+        loader = BackgroundLoader(made.items(), depth=4)
+        for first in loader:
+            assert first.index == 0
+            wait_for(lambda: made.live() == 5, lambda: f"{made.live()} alive, not 5")
+            break
+        del first
+        gc.collect()
+        wait_for(lambda: not prefetch_threads(), lambda: "thread still alive", LIVENESS_SECONDS)
+        assert made.live() == 4  # read ahead, not handed over: the next epoch's first items
+        del loader
+        gc.collect()
+        assert made.live() == 0
 
 
 class TestUserGenerator:

@@ -51,6 +51,7 @@ from prefetch._shared.epoch import (
     raised_by_source,
     release_source,
 )
+from prefetch._shared.read_ahead import Entry, ReadAhead
 
 T = TypeVar("T")
 
@@ -81,10 +82,21 @@ class Failure(NamedTuple):
 
 
 class SourceRelease:
-    """What stops an epoch without its iterator: releasing its source (see ``Stoppable``)."""
+    """What stops an epoch without its iterator: releasing its source (see ``Stoppable``).
 
-    def __init__(self, release: weakref.finalize[Any, Any]) -> None:
+    Over a one-shot source (``keeps``) it also holds what the epoch read ahead
+    and did not hand over, once the epoch stopped.
+    """
+
+    def __init__(self, release: weakref.finalize[Any, Any], keeps: bool) -> None:
         self._release = release
+        self.keeps = keeps
+        self.kept = ReadAhead()
+
+    def read_ahead(self) -> ReadAhead:
+        """What the stopped epoch read ahead of its one-shot source (taken once)."""
+        kept, self.kept = self.kept, ReadAhead()
+        return kept
 
     def stop(self) -> None:
         """Release the source (once; later calls do nothing)."""
@@ -131,6 +143,7 @@ class DeviceIterator(EpochIterator[T]):
         self._end_state: Any = None
         self._left: int | None = None  # see _run
         self._releaser: weakref.finalize[Any, Any] | None = None
+        self._release_and_keep: SourceRelease | None = None
         self._thread = threading.get_ident()  # the consumer's: iter() runs on it
 
     def _run(
@@ -139,6 +152,7 @@ class DeviceIterator(EpochIterator[T]):
         record: EpochRecord,
         *,
         owned: bool,
+        keep: bool,
         read_state: Callable[[], Any] | None,
         expected: int | None,
     ) -> None:
@@ -148,7 +162,7 @@ class DeviceIterator(EpochIterator[T]):
         self._record, self._source = record, source
         self._releaser = releaser = weakref.finalize(self, release_source, source, owned)
         releaser.atexit = False
-        self._stopper = SourceRelease(releaser)
+        self._stopper = self._release_and_keep = SourceRelease(releaser, keeps=keep)
 
     def __next__(self) -> T:
         if self._invalid is not None:
@@ -248,5 +262,26 @@ class DeviceIterator(EpochIterator[T]):
         stats = self._record.stats
         if stats.finished is None:
             stats.finished = time.perf_counter()
+        self._keep_read_ahead()
         self._pending.clear()
         self._release()
+
+    def _keep_read_ahead(self) -> None:
+        """Over a one-shot source, keep what is read ahead for the next epoch."""
+        keeper = self._release_and_keep
+        if keeper is None or not keeper.keeps or not (self._pending or self._ended):
+            return
+        for entry in self._pending:
+            if isinstance(entry, InFlight):
+                keeper.kept.add([Entry(entry.batch)])
+            else:
+                keeper.kept.add([Entry(None, entry.error)])
+        keeper.kept.ended = keeper.kept.ended or self._ended
+        self._pending.clear()
+        self._ended = False
+
+    def __del__(self) -> None:
+        # A `break` drops the iterator: over a one-shot source what it read ahead
+        # is kept for the next epoch (the finalizer, which cannot see it, releases).
+        if getattr(self, "_pending", None):
+            self._keep_read_ahead()

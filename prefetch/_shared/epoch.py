@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from prefetch._shared.dead_workers import end_workers_after_a_death
+from prefetch._shared.read_ahead import ReadAhead, Resumed
 from prefetch._shared.stats import LoaderStats
 
 T = TypeVar("T")
@@ -84,6 +85,16 @@ class Stoppable(Protocol):
 
     def join(self, *, timeout: float, stuck_grace: float) -> bool:
         """Wait for the epoch's threads to leave its source; return whether they all did."""
+
+    @property
+    def keeps(self) -> bool:
+        """Whether the epoch keeps what it read ahead when it stops (a one-shot source)."""
+
+    def read_ahead(self) -> ReadAhead:
+        """What the stopped epoch took from a one-shot source and did not hand over.
+
+        Read once its threads have left the source.
+        """
 
 
 class EpochIterator(Iterator[T]):
@@ -150,6 +161,7 @@ class EpochIterator(Iterator[T]):
         record: EpochRecord,
         *,
         owned: bool,
+        keep: bool,
         read_state: Callable[[], Any] | None,
         expected: int | None,
     ) -> None:
@@ -157,6 +169,8 @@ class EpochIterator(Iterator[T]):
 
         ``record`` is the epoch's; ``owned`` whether the epoch releases the
         source when it ends (not a one-shot iterator the user passed in);
+        ``keep`` whether a stop keeps what was read ahead for the next epoch
+        (a one-shot source: :mod:`prefetch._shared.read_ahead`);
         ``read_state`` reads the wrapped loader's checkpoint state after each
         item (``None``: not stateful); ``expected`` is the wrapped loader's
         length, if it has one: the ``next()`` past that many items, which finds
@@ -200,6 +214,8 @@ def raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
     Lets a consumer tell a ``KeyboardInterrupt`` raised *by the source* (to be
     delivered in order) from one raised on its own thread (Ctrl-C).
     """
+    if isinstance(source, Resumed):
+        return source.raised(error) or raised_by_source(source.source, error)
     return isinstance(source, EpochIterator) and source._raised(error)
 
 
@@ -214,6 +230,7 @@ class OpenEpochs:
 
     def __init__(self) -> None:
         self._open: list[tuple[weakref.ref[EpochIterator[Any]], Stoppable]] = []
+        self._stopped: list[Stoppable] = []  # stopped epochs whose read-ahead is not taken yet
         self.last: EpochRecord | None = None
 
     def add(self, iterator: EpochIterator[Any]) -> None:
@@ -238,8 +255,23 @@ class OpenEpochs:
             else:
                 iterator.close()
             del iterator
+            if stopper.keeps:
+                self._stopped.append(stopper)
             while wait and not stopper.join(timeout=0.1, stuck_grace=0.1):
                 pass  # e.g. before persistent workers are reset: wait them out
+
+    def take_read_ahead(self) -> ReadAhead:
+        """Wait out every stopped epoch; return what they read ahead of a one-shot source, in order.
+
+        Call it before the next epoch over the same one-shot source starts.
+        """
+        carried = ReadAhead()
+        stopped, self._stopped = self._stopped, []
+        for stopper in stopped:
+            while not stopper.join(timeout=0.1, stuck_grace=0.1):
+                pass  # its thread is still inside the source: what it draws is carried too
+            carried.extend(stopper.read_ahead())
+        return carried
 
     def forget_dropped(self) -> None:
         """Stop and forget the epochs whose iterator was dropped; keep the others."""

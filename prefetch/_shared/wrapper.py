@@ -41,6 +41,7 @@ from prefetch._shared.distributed import distributed_world, warn_if_unprepared, 
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
 from prefetch._shared.interrupted_start import forget_interrupted_start
 from prefetch._shared.passthrough import set_epoch_on, sized_length, warn_consumed, why_unsized
+from prefetch._shared.read_ahead import ReadAhead, Resumed
 from prefetch._shared.stateful import read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
@@ -138,12 +139,14 @@ class LoaderWrapper:
                 )
                 raise RuntimeError(msg)
             self._epochs.stop_all(reason=why, wait=True)
+            carried = self._epochs.take_read_ahead()  # a one-shot source's: nothing is lost
             last = self._epochs.last
-            used_up = last is not None and last.source_ended
+            used_up = last is not None and last.source_ended and not carried
             if used_up and isinstance(loader, Iterator) and not self._warned_used_up:
                 self._warned_used_up = True
                 warn_consumed(type(self).__name__, loader)
         else:
+            carried = ReadAhead()
             self._epochs.forget_dropped()
         self._started = max(self._started, serial)
         try:
@@ -159,10 +162,13 @@ class LoaderWrapper:
         record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
         record.stats.parallel_fetch_available = self._parallel_fetch_available
         owned = source is not loader  # a one-shot iterator the user passed in stays open
+        if carried:
+            source = Resumed(carried, source)
         iterator._run(
             source,
             record,
             owned=owned,
+            keep=isinstance(innermost(loader), Iterator),
             read_state=self._state_reader(),
             expected=sized_length(loader),
         )

@@ -69,9 +69,10 @@ import threading
 import time
 
 from prefetch._shared.epoch import EpochRecord
+from prefetch._shared.read_ahead import Entry, ReadAhead
 from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.fetch_info import enter_fetch_thread, leave_fetch_thread
-from prefetch._threads.messages import Final, Snapshot
+from prefetch._threads.messages import Final, Kind, Run, Snapshot
 from prefetch._threads.producers import Producer
 from prefetch._threads.shared import Shared
 from prefetch._threads.tasks import BoardTasks, ProducerSpec, Tasks
@@ -108,6 +109,8 @@ class Engine:
         in_order: Hand runs over in number order; ``False``: as they are posted.
         expected: The source's length, if known: the draw that finds its end
             waits until the loop asks past it.
+        keep: A one-shot source: a stop keeps what was drawn and not handed
+            over, for the next epoch (:meth:`read_ahead`).
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class Engine:
         timeout: Timeout | None = None,
         in_order: bool = True,
         expected: int | None = None,
+        keep: bool = False,
     ) -> None:
         self.shared = Shared(
             tasks,
@@ -136,6 +140,7 @@ class Engine:
             probe_first=probe_first,
             in_order=in_order,
             expected=expected,
+            keep=keep,
         )
         self.side = ThreadSide(self.shared)
         self.consumer = ConsumerSide(self.shared, timeout)
@@ -227,6 +232,33 @@ class Engine:
     def stop(self) -> None:
         """Ask every thread to leave; safe from any thread, any number of times."""
         self.shared.stop()
+
+    @property
+    def keeps(self) -> bool:
+        """Whether a stop keeps what was drawn and not handed over (a one-shot source)."""
+        return self.shared.keep
+
+    def keep_front(self, runs: list[Run]) -> None:
+        """Keep ``runs``, which the consumer took and did not hand over, before the rest."""
+        with self.shared.lock:
+            self.shared.front = runs + self.shared.front
+
+    def read_ahead(self) -> ReadAhead:
+        """What was drawn and not handed over, in order (once the threads left; see ``keep``)."""
+        carried = ReadAhead()
+        with self.shared.lock:
+            runs = self.shared.front + self.shared.handover.take()
+            self.shared.front = []
+        for run in runs:
+            carried.add(Entry(item) for item in run.items)
+            end = run.end
+            if end is None or end.kind is Kind.STOPPED:
+                continue
+            if end.kind is Kind.END:
+                carried.ended = True
+            else:  # an error, in its place (a final one ends the epoch that raises it)
+                carried.add([Entry(None, end.error)])
+        return carried
 
     def join(self, *, timeout: float, stuck_grace: float) -> bool:
         """Wait for the threads to leave after :meth:`stop`; return whether they all did.

@@ -49,9 +49,10 @@ from prefetch._threads.reports import Reports
 T = TypeVar("T")
 
 EngineFactory = Callable[
-    [Iterator[Any], EpochRecord, bool, "Callable[[], Any] | None", "int | None"], Engine
+    [Iterator[Any], EpochRecord, bool, bool, "Callable[[], Any] | None", "int | None"], Engine
 ]
-"""Makes an epoch's engine: (source, record, owned, read_state, expected), as ``_run`` gets them."""
+"""Makes an epoch's engine from what ``_run`` gets: source, record, owned, keep, read_state,
+expected."""
 
 
 class BackgroundIterator(EpochIterator[T]):
@@ -116,13 +117,14 @@ class BackgroundIterator(EpochIterator[T]):
         record: EpochRecord,
         *,
         owned: bool,
+        keep: bool,
         read_state: Callable[[], Any] | None,
         expected: int | None,
     ) -> None:
         """Run the epoch: make its engine over ``source`` and start its threads."""
         self._depth.start_epoch(record.stats)
         self._threads.start_epoch(record.stats)
-        engine = self._engine_for(source, record, owned, read_state, expected)
+        engine = self._engine_for(source, record, owned, keep, read_state, expected)
         self._engine = self._stopper = engine
         self._record = record
         self._return_every = self._return_interval()
@@ -279,6 +281,9 @@ class BackgroundIterator(EpochIterator[T]):
         if not self._done:
             self._done = True
             self._record.stats.finished = time.perf_counter()
+            engine = self._engine
+            if engine is not None and engine.keeps:  # a one-shot source: the next epoch's
+                engine.keep_front(self._read_ahead())
         self._items, self._states, self._sizes, self._end_message = [], None, None, None
         self._queued.clear()
         self._pos = self._fast_until = 0
@@ -286,6 +291,24 @@ class BackgroundIterator(EpochIterator[T]):
         if self._finalizer is not None and self._engine is not None:
             self._finalizer()
             self._engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
+
+    def _read_ahead(self) -> list[Run]:
+        """The runs taken from the engine and not handed over yet, in order."""
+        runs = []
+        pos, items = self._pos, self._items
+        if pos < len(items) or self._end_message is not None:
+            runs.append(Run(items[pos:], end=self._end_message))
+        runs.extend(self._queued)
+        return runs
+
+    def __del__(self) -> None:
+        # A `break` drops the iterator: over a one-shot source what it read ahead
+        # is kept for the next epoch (the finalizer, which cannot see it, stops the engine).
+        engine = getattr(self, "_engine", None)
+        if engine is not None and engine.keeps and not self._done:
+            self._done = True
+            engine.keep_front(self._read_ahead())
+            engine.stop()
 
 
 def started_threads(iterator: BackgroundIterator[Any]) -> tuple[threading.Thread, ...]:

@@ -284,6 +284,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         source: Iterator[Any],
         record: EpochRecord,
         owned: bool,
+        keep: bool,
         read_state: Callable[[], Any] | None,
         expected: int | None,
     ) -> Engine:
@@ -314,6 +315,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             timeout=Timeout(self._timeout, repr(self)) if self._timeout is not None else None,
             in_order=self._in_order,
             expected=expected,
+            keep=keep,
         )
 
     def _copied_to(self, device: torch.device) -> None:

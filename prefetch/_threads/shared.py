@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from prefetch._shared.epoch import EpochRecord
 from prefetch._threads.handover import Handover
-from prefetch._threads.messages import Final, Snapshot
+from prefetch._threads.messages import Final, Run, Snapshot
 from prefetch._threads.tasks import ProducerSpec, Tasks
 from prefetch._threads.tickets import Tickets
 
@@ -53,6 +53,8 @@ class Shared:
         in_order: Hand runs over in number order; ``False``: as they are posted.
         expected: The source's length, if known: the draw that finds its end
             waits until the loop asks past it (:mod:`prefetch._threads.tickets`).
+        keep: Keep what is drawn and not handed over when the engine stops (a
+            one-shot source: :mod:`prefetch._shared.read_ahead`).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Shared:
         probe_first: bool,
         in_order: bool,
         expected: int | None = None,
+        keep: bool = False,
     ) -> None:
         self.tasks, self.spec, self.record = tasks, spec, record
         self.max_bytes = max_bytes
@@ -99,6 +102,8 @@ class Shared:
         self.ended = False  # a final message is coming: no thread draws again
         self.releasing = False  # the last thread is releasing the source
         self.final: Final | None = None  # the earliest final message, until posted
+        self.keep = keep  # a stop keeps what was drawn (posted runs stay in the hand-over)
+        self.front: list[Run] = []  # kept runs the consumer had taken (before the hand-over's)
         self.started: list[threading.Thread] = []  # every thread started
         self.indices: set[int] = set()  # thread indices in use (see fetch_info)
 
@@ -128,10 +133,11 @@ class Shared:
             )
 
     def stop(self) -> None:
-        """Ask every thread to leave, drop what was posted; any thread, any number of times."""
+        """Ask every thread to leave, drop what was posted (unless kept); any thread, any time."""
         with self.lock:
             self.stopped = True
-            self.handover.clear()
+            if not self.keep:
+                self.handover.clear()
             self.space.notify_all()
             self.data.notify_all()
 

@@ -99,7 +99,7 @@ class ThreadSide:
             tickets = shared.tickets
             tickets.posted(held, run.numbers + unused, unused)
             self._count(slot, seconds - collate, cpu, collate=collate)
-            if shared.stopped:  # nobody will take it
+            if shared.stopped and not shared.keep:  # nobody will take it
                 tickets.in_flight -= run.numbers
                 return 0
             shared.fetched += len(run.items)
@@ -199,9 +199,9 @@ class ThreadSide:
             final = Final(seq, Message(Kind.RAISE_AND_END, error, None))
         finally:
             with shared.lock:
-                if final is not None and not shared.stopped:
+                if final is not None and (shared.keep or not shared.stopped):
                     shared.handover.post(final.seq, Run([], end=final.message))
-                if shared.stopped:  # nobody will read them: free the fetched items now
+                if shared.stopped and not shared.keep:  # nobody reads them: free them now
                     shared.handover.clear()
                 shared.releasing = False
                 shared.data.notify_all()
