@@ -144,7 +144,8 @@ class Engine:
         )
         self.side = ThreadSide(self.shared)
         self.consumer = ConsumerSide(self.shared, timeout)
-        self.parallel = isinstance(tasks, BoardTasks)  # several threads read its draws
+        self.reads = isinstance(tasks, BoardTasks)  # threads read its draws' samples
+        self.parallel = isinstance(tasks, BoardTasks) and tasks.parallel  # fetch_threads
         self.max_bytes = max_bytes
 
     @property
@@ -201,7 +202,7 @@ class Engine:
             shared.indices.add(index)
         try:
             spec = shared.spec
-            if self.parallel and spec.seed is not None:
+            if self.reads and spec.seed is not None:  # sample_seed() knows each sample
                 enter_fetch_thread(index, spec.seed, self.side.thread_count)
             if spec.setup is not None:
                 spec.setup()

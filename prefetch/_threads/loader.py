@@ -32,6 +32,7 @@ from prefetch._shared.pinning import (
     pin_batch,
     pinning_wanted,
 )
+from prefetch._shared.read_ahead import Resumed
 from prefetch._shared.stacking import check_stack_order
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
 from prefetch._threads.allocator import return_freed_memory
@@ -51,7 +52,7 @@ from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.keywords import explain_keywords
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
 from prefetch._threads.sampler_seed import start_sampler_here
-from prefetch._threads.tasks import IteratorTasks, ProducerSpec, Tasks
+from prefetch._threads.tasks import BoardTasks, IteratorTasks, ProducerSpec, Tasks
 from prefetch._threads.timeout import Timeout, check_dataloader_timeout
 from prefetch._threads.torch_guard import guard_worker_pids
 
@@ -290,19 +291,24 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
     ) -> Engine:
         """The engine of the epoch over ``source`` (``iter()`` of the wrapped loader)."""
         start_sampler_here(source)  # a seeded shuffle must not depend on the thread's timing
+        tasks: Tasks
+        if self._fetch_threads is not None:
+            loader = cast("DataLoader[T]", self._loader)
+            tasks = sampler_tasks(loader, source, "BackgroundLoader", self._fetch_grain)
+            return_freed_memory()  # arenas of fetch threads keep what they free (allocator)
+        elif self._parallel_fetch_available and not isinstance(source, Resumed):
+            # One thread reads a map-style DataLoader's samples itself, batch by batch, so
+            # that sample_seed() gives each sample its seed (augmentations that repeat).
+            loader = cast("DataLoader[T]", self._loader)
+            tasks = sampler_tasks(loader, source, "BackgroundLoader", "batch", parallel=False)
+        else:
+            tasks = IteratorTasks(source, owned=owned)
         producer = ProducerSpec(
             prepare=pin_batch if self._pin_memory else None,
             read_state=read_state,
             setup=self._thread_setup(),
-            seed=getattr(source, "_base_seed", None) if self._fetch_threads is not None else None,
+            seed=getattr(source, "_base_seed", None) if isinstance(tasks, BoardTasks) else None,
         )
-        tasks: Tasks
-        if self._fetch_threads is None:
-            tasks = IteratorTasks(source, owned=owned)
-        else:
-            loader = cast("DataLoader[T]", self._loader)
-            tasks = sampler_tasks(loader, source, "BackgroundLoader", self._fetch_grain)
-            return_freed_memory()  # arenas of fetch threads keep what they free (allocator)
         return Engine(
             tasks,
             producer,

@@ -57,8 +57,14 @@ class SamplerTasks:
     """
 
     def __init__(
-        self, loader: DataLoader[Any], iterator: Iterator[Any], grain: str = "sample"
+        self,
+        loader: DataLoader[Any],
+        iterator: Iterator[Any],
+        grain: str = "sample",
+        *,
+        parallel: bool = True,
     ) -> None:
+        self.parallel = parallel  # fetch_threads (False: the one thread of a default loader)
         self.sample_grain = grain == "sample"
         self.board = SampleBoard()
         self._iterator = iterator
@@ -203,9 +209,17 @@ def _own_iteration(kind: type) -> str | None:
 
 
 def sampler_tasks(
-    loader: DataLoader[Any], iterator: Iterator[Any], caller: str, grain: str = "sample"
+    loader: DataLoader[Any],
+    iterator: Iterator[Any],
+    caller: str,
+    grain: str = "sample",
+    *,
+    parallel: bool = True,
 ) -> SamplerTasks:
     """Return the parallel-fetch tasks of ``loader`` (checked), whose ``iter()`` gave ``iterator``.
+
+    ``parallel`` false: one thread reads them (the default ``BackgroundLoader``
+    over a map-style DataLoader, so that :func:`~prefetch.sample_seed` works).
 
     Raises:
         TypeError: the iterator is not torch's single-process DataLoader iterator.
@@ -219,4 +233,4 @@ def sampler_tasks(
         )
         raise TypeError(msg)
     iterator._dataset_fetcher = _Indices(fetcher)  # type: ignore[attr-defined]
-    return SamplerTasks(loader, iterator, grain)
+    return SamplerTasks(loader, iterator, grain, parallel=parallel)

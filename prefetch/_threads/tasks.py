@@ -46,6 +46,8 @@ class BoardTasks(Tasks, Protocol):
 
     board: SampleBoard
     """The batches drawn and not yet complete, shared by the engine's threads."""
+    parallel: bool
+    """Whether ``fetch_threads`` reads it (false: one thread of a default loader)."""
 
     def plan(self, seq: int, task: Any, state: Any, threads: int) -> Reading:
         """Split the drawn ``task`` (numbered ``seq``) into units for the board."""
