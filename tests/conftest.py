@@ -8,12 +8,14 @@ background job.
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from .accelerators import make_accelerator  # noqa: F401  (a fixture, found by name)
 from .gil import (  # noqa: F401  (hooks and a fixture, found by name)
     pytest_sessionfinish,
     pytest_sessionstart,
@@ -23,6 +25,10 @@ from .gil import (  # noqa: F401  (hooks and a fixture, found by name)
 from .processes import prefetch_threads
 
 LEAK_GRACE_SECONDS = 3.0
+
+# The tests build every model and dataset in memory (transformers from a config): never
+# reach for the Hugging Face hub, here or in a child process.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     # A non-interactive shell's background job (`make stress-ft &`) starts with SIGINT

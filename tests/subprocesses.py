@@ -35,6 +35,38 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def torchrun(world: int, target: list[str], timeout: float) -> None:
+    """Run ``target`` (a script and its arguments, or ``-m module ...``) on ``world`` processes.
+
+    ``python -m torch.distributed.run`` on the loopback interface (gloo);
+    fail with the children's output if it fails or runs past ``timeout``.
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={world}",
+        "--nnodes=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        *target,
+    ]
+    env = subprocess_env(GLOO_SOCKET_IFNAME="lo", TORCH_CPP_LOG_LEVEL="ERROR")
+    try:
+        result = subprocess.run(
+            command,
+            env=env,
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise AssertionError(f"torchrun hung: {error.stderr!r:.3000}") from None
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
 def start_script(code: str) -> subprocess.Popen[str]:
     """Start ``code`` in a new Python process in its own session (stdout/stderr piped)."""
     return subprocess.Popen(

@@ -1,14 +1,14 @@
 """accelerate 1.15 with the real package: prepare, then wrap (issue 11); warn the other way (24).
 
-An ``Accelerator`` leaves accelerate's state initialised for the whole
-process, so every test that makes one resets it afterwards (the fixture),
-as accelerate's own tests do: later tests wrap plain DataLoaders.
+Every test that makes an ``Accelerator`` makes it with the ``make_accelerator``
+fixture (tests/accelerators.py), which resets accelerate's process-wide state
+afterwards.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,8 +18,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 from prefetch import BackgroundLoader, CudaPrefetcher, NotStatefulError, Stateful
 
 accelerate = pytest.importorskip("accelerate")
-from accelerate.state import AcceleratorState, GradientState  # noqa: E402
-from accelerate.utils import DataLoaderConfiguration  # noqa: E402
 
 SIZE = 10
 BATCH = 2
@@ -29,22 +27,6 @@ WRAPS: dict[str, Callable[[Any], Any]] = {
     "background": BackgroundLoader,
     "cuda_over_background": lambda loader: CudaPrefetcher(BackgroundLoader(loader)),
 }
-
-
-@pytest.fixture
-def make_accelerator() -> Iterator[Callable[[bool], Any]]:
-    made: list[Any] = []
-
-    def make(stateful: bool) -> Any:
-        config = DataLoaderConfiguration(use_stateful_dataloader=stateful)
-        made.append(accelerate.Accelerator(cpu=True, dataloader_config=config))
-        return made[-1]
-
-    yield make
-    for accelerator in made:
-        accelerator.free_memory()
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def batches(loader: Any) -> list[list[int]]:

@@ -8,8 +8,6 @@ right after a mid-epoch checkpoint, and a run resumed from that checkpoint.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from .subprocesses import ROOT, free_port, subprocess_env
+from .subprocesses import ROOT, torchrun
 
 SCRIPT = ROOT / "examples" / "ddp_train.py"
 WORLD = 2
@@ -39,39 +37,9 @@ pytestmark = [
 
 def launch(out: Path, *extra: str) -> None:
     """Run the example on WORLD processes; fail with its output if it fails or hangs."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={WORLD}",
-        "--nnodes=1",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        str(SCRIPT),
-        "--out",
-        str(out),
-        "--epochs",
-        str(EPOCHS),
-        "--dataset-size",
-        str(SIZE),
-        "--batch-size",
-        str(BATCH),
-        *extra,
-    ]
-    env = subprocess_env(GLOO_SOCKET_IFNAME="lo", TORCH_CPP_LOG_LEVEL="ERROR")
-    try:
-        result = subprocess.run(
-            command,
-            env=env,
-            cwd=str(ROOT),
-            capture_output=True,
-            text=True,
-            timeout=LAUNCH_TIMEOUT,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as error:
-        raise AssertionError(f"torchrun hung: {error.stderr!r:.3000}") from None
-    assert result.returncode == 0, result.stderr[-4000:]
+    arguments = ["--out", str(out), "--epochs", str(EPOCHS), "--dataset-size", str(SIZE)]
+    arguments += ["--batch-size", str(BATCH), *extra]
+    torchrun(WORLD, [str(SCRIPT), *arguments], LAUNCH_TIMEOUT)
 
 
 class Run:
