@@ -50,15 +50,32 @@ class TestPrepareThenWrap:
         assert batches(loader) == [[i, i + 1] for i in range(0, SIZE, BATCH)]
 
     @pytest.mark.parametrize("wrap", ["background", "cuda_over_background"])
-    def test_without_stateful_option_the_wrapper_is_not_stateful(
+    def test_the_wrapper_goes_inside_the_prepared_loader(
         self, wrap: str, make_accelerator: Callable[[bool], Any]
     ) -> None:
-        """Without use_stateful_dataloader, the wrapper has no state and says how to get one."""
+        """The prepared loader itself comes back, reading ahead through its base_dataloader."""
         accelerator = make_accelerator(False)
-        loader = WRAPS[wrap](accelerator.prepare(DataLoader(list(range(SIZE)), batch_size=BATCH)))
-        assert not hasattr(loader, "state_dict") and not isinstance(loader, Stateful)
-        with pytest.raises(NotStatefulError, match="use_stateful_dataloader=True"):
-            loader.state_dict()
+        prepared = accelerator.prepare(DataLoader(list(range(SIZE)), batch_size=BATCH))
+        base = prepared.base_dataloader
+        loader = WRAPS[wrap](prepared)
+        assert loader is prepared and prepared in accelerator._dataloaders
+        inside = prepared.base_dataloader
+        assert isinstance(inside, (BackgroundLoader, CudaPrefetcher))
+        while isinstance(inside, (BackgroundLoader, CudaPrefetcher)):
+            inside = inside.loader
+        assert inside is base
+        assert batches(loader) == [[i, i + 1] for i in range(0, SIZE, BATCH)]
+        assert loader.stats.items == SIZE // BATCH  # the wrapper's, read through
+
+    def test_without_stateful_option_the_loader_is_as_stateful_as_prepared(
+        self, make_accelerator: Callable[[bool], Any]
+    ) -> None:
+        """Statefulness is the prepared loader's own: the base inside is not stateful."""
+        accelerator = make_accelerator(False)
+        loader = BackgroundLoader(accelerator.prepare(DataLoader(list(range(SIZE)), batch_size=2)))
+        assert not hasattr(loader.base_dataloader, "state_dict")
+        with pytest.raises(NotStatefulError, match="state_dict"):
+            loader.base_dataloader.state_dict()
 
     @pytest.mark.parametrize("wrap", ["background", "cuda_over_background"])
     @pytest.mark.parametrize("taken", [0, 2, SIZE // BATCH])
@@ -94,15 +111,23 @@ class TestWrapThenPrepare:
         assert make_accelerator(False).prepare(loader) is loader
 
 
-class TestParallelFetchRefused:
+class TestParallelFetchInside:
     @pytest.mark.parametrize("stateful", [False, True])
-    def test_prepared_loader_is_refused_naming_its_own_iteration(
+    def test_fetch_threads_read_the_prepared_loaders_base(
         self, stateful: bool, make_accelerator: Callable[[bool], Any]
     ) -> None:
-        """fetch_threads over a prepared loader is refused at once: it would skip its __iter__."""
-        prepared = make_accelerator(stateful).prepare(DataLoader(list(range(SIZE)), batch_size=2))
-        with pytest.raises(TypeError, match=r"fetch_threads.*defines its own __iter__\(\)"):
-            BackgroundLoader(prepared, fetch_threads=2)
+        """fetch_threads over a prepared loader read its base DataLoader: the same batches."""
+        accelerator = make_accelerator(stateful)
+
+        def prepared() -> Any:
+            return accelerator.prepare(DataLoader(list(range(SIZE)), batch_size=2, shuffle=True))
+
+        torch.manual_seed(0)
+        plain = [batches(loader) for loader in [prepared()] for _ in range(2)]
+        torch.manual_seed(0)  # before prepare(): a stateful one draws a seed there
+        loader = BackgroundLoader(prepared(), fetch_threads=2)
+        assert loader.base_dataloader.fetch_threads == 2
+        assert [batches(loader) for _ in range(2)] == plain
 
 
 UNPREPARED = r"BackgroundLoader wraps a DataLoader that accelerate has not prepared"

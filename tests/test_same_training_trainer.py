@@ -7,13 +7,15 @@ train and eval loaders are wrapped the natural way, by overriding
 ``get_train_dataloader`` and ``get_eval_dataloader``; the logged losses, the
 eval metrics and the resumed run's logs must be plain's.
 
-Two families: Trainer's own prepared loaders (``accelerator.prepare``;
-``fetch_threads`` cannot read those), and a ``DataLoader`` of the user's own
-returned from ``get_train_dataloader``, where ``fetch_threads`` applies.
+Two families: Trainer's own prepared loaders (``accelerator.prepare``: a
+wrapper goes inside them, around their base DataLoader, and the prepared
+loader comes back), and a ``DataLoader`` of the user's own returned from
+``get_train_dataloader``; ``fetch_threads`` applies to both.
 
 On resume Trainer calls ``get_resumed_dataloader`` -> accelerate's
-``skip_first_batches``, which rebuilds a bare loader from the wrapper's
-attributes: no longer wrapped. The Integrations page's one-line override of
+``skip_first_batches``, which builds a new loader: over a prepared loader a
+new prepared one (the same training, not prefetching), over a wrapper of the
+user's DataLoader a bare one. The Integrations page's one-line override of
 ``get_resumed_dataloader`` keeps the resumed epoch prefetching; tested here.
 """
 
@@ -118,11 +120,23 @@ def trainer_class(
     return Wrapped
 
 
+def prefetcher(loader: Any) -> Any:
+    """The BackgroundLoader of ``loader``: itself, or the one inside a prepared loader."""
+    inside = getattr(loader, "base_dataloader", None)
+    return inside if isinstance(inside, BackgroundLoader) else loader
+
+
 def rewrap(wrapped: Any, resume: Callable[[Any, int], Any]) -> Callable[[int], Any]:
-    """The docs' override for any stack: resume the innermost loader, wrap it the same way."""
-    if not isinstance(wrapped, BackgroundLoader):
+    """The docs' override: resume what Trainer gave (the prepared loader) and wrap it again.
+
+    A wrapper of the user's own DataLoader is resumed below it instead.
+    """
+    wrapper = prefetcher(wrapped)
+    if not isinstance(wrapper, BackgroundLoader):
         return lambda n: resume(wrapped, n)
-    options = {"fetch_threads": wrapped.fetch_threads} if wrapped.fetch_threads else {}
+    options = {"fetch_threads": wrapper.fetch_threads} if wrapper.fetch_threads else {}
+    if wrapper is not wrapped:  # inside a prepared loader
+        return lambda n: BackgroundLoader(resume(wrapped, n), **options)
     return lambda n: BackgroundLoader(resume(wrapped.loader, n), **options)
 
 
@@ -178,8 +192,11 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return runs
 
 
-ALL_STACKS = {**{f"prepared-{name}": wrap for name, wrap in STACKS.items()}}
-ALL_STACKS |= {f"own-{name}": wrap for name, wrap in {**STACKS, **THREAD_STACKS}.items()}
+ALL_STACKS = {
+    f"{family}-{name}": wrap
+    for family in ("prepared", "own")
+    for name, wrap in {**STACKS, **THREAD_STACKS}.items()
+}
 
 
 def family(stack: str) -> str:
@@ -255,5 +272,5 @@ class TestResume:
     ) -> None:
         """With the docs' get_resumed_dataloader, the resumed epoch reads a BackgroundLoader."""
         trainer = self.resume_as_plain(stack, plain, tmp_path, keep=True)
-        assert isinstance(trainer.resumed, BackgroundLoader)
-        assert trainer.resumed.stats.items == LEFT
+        assert isinstance(prefetcher(trainer.resumed), BackgroundLoader)
+        assert prefetcher(trainer.resumed).stats.items == LEFT

@@ -168,7 +168,8 @@ def _plain(cls: type[LoaderWrapper]) -> type[LoaderWrapper]:
 def _new_twin(cls: type[LoaderWrapper], stateful: bool) -> LoaderWrapper:
     """Unpickle a wrapper: an empty instance of ``cls``'s twin."""
     twin = _twin(cls, stateful)
-    return twin.__new__(twin)
+    wrapper: LoaderWrapper = object.__new__(twin)  # no loader yet: nothing to go inside
+    return wrapper
 
 
 def _twin(cls: type[LoaderWrapper], stateful: bool) -> type[LoaderWrapper]:

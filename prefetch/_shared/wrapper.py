@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from prefetch._shared.adapters import iterates_a_base
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
 from prefetch._shared.interrupted_start import forget_interrupted_start
@@ -91,6 +92,20 @@ class LoaderWrapper:
     """Declared: epochs must run on the thread that called ``iter()`` (CudaPrefetcher's do)."""
     _stateful = False  # set by prefetch._shared.checkpointing.adopt_state
     _state_problem: str | None = None  # why the wrapped loader cannot checkpoint
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """Make the wrapper; over an accelerate loader, put it inside and return that loader.
+
+        See :mod:`~prefetch._shared.adapters`: its ``base_dataloader`` is wrapped in place.
+        """
+        loader = args[0] if args else kwargs.get("loader")
+        if loader is None or not iterates_a_base(loader):
+            return super().__new__(cls)
+        rest = {key: value for key, value in kwargs.items() if key != "loader"}
+        inner = cls(loader.base_dataloader, *args[1:], **rest)
+        inner._preparation_due = False  # the loader around it is the prepared one
+        loader.base_dataloader = inner
+        return loader
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader

@@ -34,31 +34,26 @@ storage 97% of the time keep every core busy at this many."""
 
 
 class BackgroundSettings(NamedTuple):
-    """A :class:`~prefetch.BackgroundLoader`'s options, as it resolved them (its ``settings``).
-
-    Attributes:
-        depth: ``"auto"``, or the fixed depth.
-        max_depth: An adaptive depth's ceiling (the fixed depth otherwise).
-        max_bytes: Most tensor bytes buffered, or ``None`` for no limit.
-        pin_memory: Whether batches are pinned in the thread (false without
-            an accelerator, whatever was asked).
-        num_threads: ``torch.set_num_threads`` in the threads, or ``None``.
-        fetch_threads: Threads reading a DataLoader in parallel, ``"auto"``,
-            or ``None`` (one thread).
-        fetch_grain: ``"sample"`` or ``"batch"`` (with ``fetch_threads``).
-        in_order: Whether batches are handed over in sampler order.
-        timeout: Most seconds the loop waits for an item, or ``None``.
-    """
+    """A :class:`~prefetch.BackgroundLoader`'s options, as it resolved them (its ``settings``)."""
 
     depth: int | Literal["auto"]
+    """``"auto"``, or the fixed depth."""
     max_depth: int
+    """An adaptive depth's ceiling (the fixed depth otherwise)."""
     max_bytes: int | None
+    """Most tensor bytes buffered, or ``None`` for no limit."""
     pin_memory: bool
+    """Whether batches are pinned in the thread (false without an accelerator)."""
     num_threads: int | None
+    """``torch.set_num_threads`` in the threads, or ``None``."""
     fetch_threads: int | Literal["auto"] | None
+    """Threads reading a DataLoader in parallel, ``"auto"``, or ``None`` (one thread)."""
     fetch_grain: str
+    """``"sample"`` or ``"batch"`` (with ``fetch_threads``)."""
     in_order: bool
+    """Whether batches are handed over in sampler order."""
     timeout: float | None
+    """Most seconds the loop waits for an item, or ``None``."""
 
 
 def thread_control(
