@@ -47,11 +47,11 @@ from prefetch._shared.epoch import (
     start_epoch,
     start_if_idle,
 )
-from prefetch._shared.interrupted_start import forget_interrupted_start
 from prefetch._shared.stateful import NotStatefulError, read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
 from prefetch._shared.user_frame import user_stacklevel
+from prefetch._torch.interrupted_start import forget_interrupted_start
 
 if TYPE_CHECKING:
     import torch

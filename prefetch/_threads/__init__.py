@@ -11,7 +11,6 @@
   :mod:`.thread_side`, and post what :mod:`.messages` describes.
 * :mod:`.tasks`: what a thread draws (in order) and reads (in parallel);
   :mod:`.parallel_fetch`: a DataLoader's batches read in several threads;
-  :mod:`.sampler_seed`: a seeded shuffle started on the caller's thread;
   :mod:`.fetch_options`: the ``fetch_threads`` ceilings and ``thread_init_fn``;
   :mod:`.fetch_info`: what a fetch thread knows about itself;
   :mod:`.allocator`: freed tensor memory goes back to the system while fetch
@@ -20,6 +19,7 @@
 * :mod:`.policy`: the shape both self-tuning policies share;
   :mod:`.depth_policy` (``depth="auto"``) and :mod:`.thread_policy`
   (``fetch_threads="auto"``): their rules.
-* :mod:`.torch_guard`: with the GIL off, one lock around torch's record of
-  DataLoader worker pids (a prefetch thread and the main thread both use it).
+
+What they need of torch's internals (the seeded sampler start, the worker-pid
+lock, the fetcher swap) is in :mod:`prefetch._torch`.
 """

@@ -22,7 +22,7 @@ Invariants (every change here must keep them):
   now) and ``stopped`` (whether to draw again); a stale hint delays a post
   or a stop by one item, never loses one. Nothing relies on the GIL
   (free-threaded Python runs this as is; torch's own record of DataLoader
-  worker pids did, and :mod:`prefetch._threads.torch_guard` locks it).
+  worker pids did, and :mod:`prefetch._torch.worker_pids` locks it).
   ``draw_lock`` orders parallel draws; it is taken before ``_lock``,
   never while holding it. Sequence numbers (``next_seq``) are taken and
   recorded under ``_lock``. The lock is re-entrant so that a finalizer

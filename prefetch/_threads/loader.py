@@ -53,10 +53,11 @@ from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.keywords import explain_keywords
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
 from prefetch._threads.policy import DEPTH, Control, Fixed
-from prefetch._threads.sampler_seed import start_sampler_here
 from prefetch._threads.tasks import IteratorTasks, ProducerSpec, Tasks
 from prefetch._threads.timeout import Timeout, check_dataloader_timeout
-from prefetch._threads.torch_guard import guard_worker_pids
+from prefetch._torch.fetcher import base_seed
+from prefetch._torch.sampler_start import start_sampler_here
+from prefetch._torch.worker_pids import guard_worker_pids
 
 DEFAULT_MAX_BYTES = 1 << 30
 """Default ceiling on tensor bytes buffered with ``depth="auto"`` (1 GiB)."""
@@ -301,7 +302,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             prepare=pin_batch if self._pin_memory else None,
             read_state=self._state_reader(),
             setup=self._thread_setup(),
-            seed=getattr(source, "_base_seed", None) if self._fetch_threads is not None else None,
+            seed=base_seed(source) if self._fetch_threads is not None else None,
         )
         tasks: Tasks
         if self._fetch_threads is None:
