@@ -1,6 +1,7 @@
 # prefetch: the two commands a newcomer needs are `make demo` and `make test`.
 # CI (.ci/run) runs `make test`: every test, then `make test-ft`: every test on free-threaded
-# Python 3.13t with the GIL off. `make test-fast` is the quick edit loop.
+# Python 3.13t with the GIL off, and `make test-torch-range`: the quick suite on the oldest and
+# the newest torch. `make test-fast` is the quick edit loop.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TORCH ?= torch==2.13.0
 # Where pip looks for torch, e.g. https://download.pytorch.org/whl/cpu for the CPU build
@@ -18,7 +19,10 @@ GPU_OUT ?= docs/benchmarks/gpu
 MUTATION_JOBS ?= 2
 MUTATION_FLOOR ?= 0
 
-.PHONY: help demo test test-ft stress-ft test-fast test-gpu gpu-check stress mutation docs doctest lint typecheck bench bench-docs dist clean
+# The quick suite on the oldest torch the README claims and the newest on PyPI (test-torch-range).
+TORCH_RANGE ?= 2.6.0 2.15.0
+
+.PHONY: help demo test test-ft test-torch-range stress-ft test-fast test-gpu gpu-check stress mutation docs doctest lint typecheck bench bench-docs dist clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -38,6 +42,9 @@ test: $(STAMP)  ## run the whole test suite (GPU tests skip without CUDA)
 
 test-ft:  ## the whole suite on free-threaded Python 3.13t, GIL off (builds the interpreter once, makes .venv-ft)
 	PYTEST_ARGS='$(PYTEST_ARGS)' bash scripts/test_ft.sh
+
+test-torch-range:  ## the quick suite on torch 2.6.0 and 2.15.0 (TORCH_RANGE), each in .venv-torch-VERSION (made once)
+	TORCH_RANGE='$(TORCH_RANGE)' PYTEST_ARGS='$(PYTEST_ARGS)' bash scripts/test_torch_range.sh
 
 stress-ft:  ## the concurrency tests 30 times in a row on 3.13t, GIL off (RUNS=N); logs in runs/stress-ft/
 	PYTEST_ARGS='$(PYTEST_ARGS)' bash scripts/stress_ft.sh
@@ -84,4 +91,4 @@ dist: $(STAMP)  ## build the sdist and the wheel into dist/ (the wheel holds onl
 	$(PY) -m build --outdir dist .
 
 clean:  ## remove the virtual environment and build outputs
-	rm -rf $(VENV) .venv-gpu .venv-ft docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-gpu .venv-ft .venv-torch-* docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

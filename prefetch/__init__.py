@@ -18,6 +18,7 @@ from prefetch._threads.fetch_options import BackgroundSettings
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.loader import BackgroundLoader
 from prefetch._threads.timeout import LoaderTimeoutError
+from prefetch._torch.workaround import TorchWorkaroundWarning
 
 __version__ = "0.4.0"
 
@@ -35,6 +36,7 @@ __all__ = [
     "NotStatefulError",
     "Stateful",
     "ThreadEvent",
+    "TorchWorkaroundWarning",
     "TotalStats",
     "fetch_info",
     "sample_seed",

@@ -22,6 +22,7 @@ from prefetch._threads.thread_side import ThreadSide
 
 from .processes import prefetch_threads, wait_until
 from .sources import Stateful
+from .torch_features import needs_all_threads_profiler
 
 pytestmark = pytest.mark.timeout(30)
 TORCH_2_12_PROFILER_WARNING = "ignore:.*Profiler clears events at the end of each cycle:UserWarning"
@@ -617,6 +618,7 @@ class TestStats:
     # process (warn-once): the first profiler test that runs fails under filterwarnings=error,
     # with or without the GIL. Nothing of prefetch's is involved.
     @pytest.mark.filterwarnings(TORCH_2_12_PROFILER_WARNING)
+    @needs_all_threads_profiler
     def test_fetch_is_a_profiler_range(self) -> None:
         """Each fetch is a 'prefetch.fetch' range when the profiler traces all threads."""
         from torch._C._profiler import _ExperimentalConfig
@@ -659,6 +661,7 @@ def test_public_api_is_explicit() -> None:
         "NotStatefulError",
         "Stateful",
         "ThreadEvent",
+        "TorchWorkaroundWarning",
         "TotalStats",
         "fetch_info",
         "sample_seed",
@@ -674,7 +677,7 @@ def test_public_api_is_explicit() -> None:
         module = importlib.import_module(f"prefetch.{name}")
         assert not hasattr(module, "__all__"), f"{path} declares __all__"
     assert not sorted(root.glob("_[a-z]*.py")), (
-        "internal modules live in _shared, _threads, _device"
+        "internal modules live in _torch, _shared, _threads, _device"
     )
 
 

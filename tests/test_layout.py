@@ -1,10 +1,12 @@
-"""The package's layout: three folders in layers, and no private doors between modules.
+"""The package's layout: four folders in layers, and no private doors between modules.
 
-``prefetch/_shared`` is used by both sides and uses neither; ``_threads`` (the
-background threads) uses ``_shared``; ``_device`` (the stream copies) may use
-both. A module reads another module's private names only where the two are
-declared partners or the name is a hook or class attribute that
-:class:`LoaderWrapper` declares.
+``prefetch/_torch`` (the workarounds for torch) is the lowest layer and uses
+nothing else of the package; ``_shared`` is used by both sides and uses
+neither; ``_threads`` (the background threads) uses ``_shared``; ``_device``
+(the stream copies) may use both. A module reads another module's private
+names only where the two are declared partners or the name is a hook or class
+attribute that :class:`LoaderWrapper` declares, and no module outside
+``_torch`` uses a private name of torch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 import prefetch
 
 ROOT = pathlib.Path(prefetch.__file__).parent
-LAYERS = {"_shared": 0, "_threads": 1, "_device": 2}
+LAYERS = {"_torch": 0, "_shared": 1, "_threads": 2, "_device": 3}
 """A folder may import from folders of its own layer or below."""
 PARTNERS = {("_shared/checkpointing.py", "_shared/wrapper.py")}
 """(reader, owner): modules that read each other's private names by design."""
@@ -29,6 +31,17 @@ ITERATOR_HOOKS = {"_run"}
 """Hooks EpochIterator declares: the wrapper base calls them on the iterator it opens."""
 DECLARED = {"_runs_on_consumer_thread"}
 """Class attributes LoaderWrapper declares and a subclass overrides; any wrapper may read them."""
+
+NOT_TORCH = {
+    "_fields": "namedtuple's public API",
+    "_replace": "namedtuple's public API",
+    "_getframe": "sys.\\_getframe, CPython's",
+    "_is_gil_enabled": "sys.\\_is_gil_enabled, CPython 3.13's",
+    "_shared_state": "accelerate's AcceleratorState, read to tell whether one exists",
+}
+"""Private names of others than torch that modules outside _torch read, and whose they are."""
+TORCH_MODULE = re.compile(r"^torch(data)?(\.\w+)*\._\w+")
+"""A dotted name of a private torch (or torchdata) module: ``torch.utils.data._utils``."""
 
 
 def modules() -> dict[str, ast.Module]:
@@ -68,17 +81,85 @@ def foreign_reads(tree: ast.Module) -> list[tuple[int, str]]:
     return reads
 
 
+def own_names(tree: ast.Module) -> set[str]:
+    """The ``_names`` a module defines itself, not those it sets on other objects.
+
+    Functions, classes, variables, ``self.``/``cls.`` attributes, ``__slots__``.
+    """
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if ast.unparse(node.value) in ("self", "cls"):
+                names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__slots__":
+            names.update(
+                slot.value for slot in ast.walk(node.value) if isinstance(slot, ast.Constant)
+            )
+    return {name for name in names if isinstance(name, str) and _private(name)}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name != "_"
+
+
+def _private_module(module: str) -> bool:
+    return module.split(".")[0] in ("torch", "torchdata") and any(
+        _private(part) for part in module.split(".")
+    )
+
+
+def private_uses(tree: ast.Module, allowed: set[str]) -> list[tuple[int, str]]:
+    """``(line, what)`` of each use of a private name the module does not own.
+
+    Found: imports from ``torch.*._*`` modules or of ``_names`` from torch
+    modules; strings naming such a module; ``x._name`` (read or written) with
+    ``x`` not ``self``/``cls``; a ``"_name"`` string (for ``getattr`` and
+    its kin, directly or through a tuple of names). Names in ``allowed`` (the
+    module's own, declared hooks, a partner's, others than torch's) are left
+    out.
+    """
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            top = node.module.split(".")[0] in ("torch", "torchdata")
+            names = [alias.name for alias in node.names if _private(alias.name)]
+            if _private_module(node.module) or (top and names):
+                uses.append((node.lineno, f"from {node.module} import"))
+        elif isinstance(node, ast.Import):
+            uses += [
+                (node.lineno, f"import {a.name}") for a in node.names if _private_module(a.name)
+            ]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if TORCH_MODULE.match(text) or (
+                text.isidentifier() and _private(text) and text not in allowed
+            ):
+                uses.append((node.lineno, repr(text)))
+        elif (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and ast.unparse(node.value) not in ("self", "cls")
+            and node.attr not in allowed
+        ):
+            uses.append((node.lineno, f".{node.attr}"))
+    return uses
+
+
 class TestLayers:
     """Each folder imports only from its own layer or below."""
 
     def test_no_flat_internal_modules(self) -> None:
-        """Internal modules live in _shared, _threads or _device, not beside __init__."""
+        """Internal modules live in _torch, _shared, _threads or _device, not beside __init__."""
         flat = sorted(path.name for path in ROOT.glob("_[a-z]*.py"))
         assert flat == [], f"internal modules belong in a folder: {flat}"
         assert {path.name for path in ROOT.glob("_*") if path.is_dir()} >= set(LAYERS)
 
     def test_imports_go_down(self) -> None:
-        """_shared imports neither side; _threads does not import _device."""
+        """_torch imports nothing of the package; _shared neither side; _threads not _device."""
         wrong = []
         for name, tree in modules().items():
             folder = name.split("/")[0]
@@ -231,3 +312,58 @@ class TestArchitecturePage:
             if target is None:
                 missing.append(dotted)
         assert missing == []
+
+
+class TestTorchPrivateNames:
+    """Only prefetch/_torch uses torch's private names (each use is a checked workaround)."""
+
+    def allowed(self, trees: dict[str, ast.Module], name: str) -> set[str]:
+        """What module ``name`` may read: its own names, hooks, its partners', others'."""
+        partners = {owner for reader, owner in PARTNERS if reader == name}
+        allowed = own_names(trees[name]) | HOOKS | ITERATOR_HOOKS | DECLARED | set(NOT_TORCH)
+        for partner in partners:
+            allowed |= own_names(trees[partner])
+        return allowed
+
+    def test_only_the_torch_folder_uses_them(self) -> None:
+        """Outside _torch, no module imports, reads or writes a private name it does not own."""
+        trees = modules()
+        found = [
+            f"{name}:{line} {what}"
+            for name, tree in trees.items()
+            if not name.startswith("_torch/")
+            for line, what in private_uses(tree, self.allowed(trees, name))
+        ]
+        assert found == []
+
+    def test_the_torch_folder_uses_them(self) -> None:
+        """The check sees the uses in _torch (it would not pass by finding nothing anywhere)."""
+        trees = modules()
+        found = {
+            what
+            for name, tree in trees.items()
+            if name.startswith("_torch/")
+            for _, what in private_uses(tree, self.allowed(trees, name))
+        }
+        assert {"._workers_done_event", "'_num_yielded'", "'_get_iterator'"} <= found
+        assert "'torch.utils.data._utils.signal_handling'" in found
+
+    def test_the_check_finds_a_planted_use(self) -> None:
+        """Each kind of use, planted in a module, is found (its control)."""
+        planted = ast.parse(
+            "from torch.utils.data._utils import pin_memory\n"
+            "from torch.utils.data.dataloader import _BaseDataLoaderIter\n"
+            "import torch._C\n"
+            "def peek(it, self):\n"
+            "    it._sampler_iter = iter([])\n"
+            "    self._mine = 1\n"
+            "    return getattr(it, '_num_yielded'), it._workers, self._mine\n"
+        )
+        assert sorted(private_uses(planted, own_names(planted))) == [
+            (1, "from torch.utils.data._utils import"),
+            (2, "from torch.utils.data.dataloader import"),
+            (3, "import torch._C"),
+            (5, "._sampler_iter"),
+            (7, "'_num_yielded'"),
+            (7, "._workers"),
+        ]

@@ -1,4 +1,4 @@
-"""torch's worker-pid map under one lock when the GIL is off (``prefetch._threads.torch_guard``).
+"""torch's worker-pid map under one lock when the GIL is off (``prefetch._torch.worker_pids``).
 
 Free-threaded, with the GIL off, a ``BackgroundLoader`` over a multi-worker
 DataLoader used to die of SIGSEGV: torch's C++ map of worker pids has no lock,
@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils import signal_handling
 
 from prefetch import BackgroundLoader
-from prefetch._threads import torch_guard
-from prefetch._threads.torch_guard import GUARDED, guard_worker_pids
+from prefetch._torch import worker_pids as torch_guard
+from prefetch._torch.worker_pids import GUARDED, guard_worker_pids
 
 from .gil import FREE_THREADED, gil_enabled
 from .subprocesses import ROOT, subprocess_env
@@ -61,7 +61,7 @@ UNTOUCHED = """
     from torch.utils.data import DataLoader
     from torch.utils.data._utils import signal_handling
     from prefetch import BackgroundLoader
-    from prefetch._threads.torch_guard import GUARDED, guard_worker_pids
+    from prefetch._torch.worker_pids import GUARDED, guard_worker_pids
 
     loader = BackgroundLoader(DataLoader(list(range(8)), batch_size=4, num_workers=1))
     assert len(list(loader)) == 2
@@ -148,7 +148,7 @@ class TestGilOff:
             """
             import os, signal, threading, warnings
             from torch.utils.data._utils import signal_handling
-            from prefetch._threads import torch_guard
+            from prefetch._torch import worker_pids as torch_guard
             assert torch_guard.guard_worker_pids()
             held, release = threading.Event(), threading.Event()
             def hold():
@@ -184,7 +184,7 @@ class TestGilOff:
             """
             import os, threading, time
             from torch.utils.data._utils import signal_handling as sh
-            from prefetch._threads.torch_guard import guard_worker_pids
+            from prefetch._torch.worker_pids import guard_worker_pids
             assert guard_worker_pids()
             stop = time.monotonic() + 4
             def churn(base):

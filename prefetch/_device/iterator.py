@@ -18,7 +18,7 @@ Invariants:
   a generator that raised is finished). A ``BaseException`` from the source
   ends the epoch and releases the source first, and so does the error of a
   DataLoader iterator that lost a worker process
-  (:mod:`prefetch._shared.dead_workers`): asked again, it would drop the dead
+  (:mod:`prefetch._torch.workers`): asked again, it would drop the dead
   worker's batches or wait forever.
 * No frame of this module holds the iterator once it has finished: a
   traceback keeps every frame it passes through *and their callers*
@@ -43,7 +43,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from prefetch._shared.dead_workers import lost_a_worker
 from prefetch._shared.epoch import (
     EpochIterator,
     EpochRecord,
@@ -52,6 +51,7 @@ from prefetch._shared.epoch import (
     release_source,
 )
 from prefetch._shared.read_ahead import Entry, ReadAhead
+from prefetch._torch.workers import lost_a_worker
 
 T = TypeVar("T")
 

@@ -40,9 +40,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from prefetch._shared.dead_workers import end_workers_after_a_death
 from prefetch._shared.read_ahead import ReadAhead, Resumed
 from prefetch._shared.stats import LoaderStats
+from prefetch._torch.workers import shut_down_workers
 
 T = TypeVar("T")
 E = TypeVar("E", bound="EpochIterator[Any]")
@@ -291,15 +291,11 @@ def release_source(source: Iterator[Any], owned: bool) -> None:
 
     A multi-process DataLoader iterator stops its workers (unless they are
     persistent: the DataLoader reuses them next epoch), without hanging when
-    one of them died (:mod:`prefetch._shared.dead_workers`). A generator we
+    one of them died (:mod:`prefetch._torch.workers`). A generator we
     created with ``iter()`` is closed so its ``finally`` blocks run now; one
     the user passed in (``owned`` false) is left alone.
     """
-    shutdown = getattr(source, "_shutdown_workers", None)
-    if callable(shutdown):
-        if not getattr(source, "_persistent_workers", False):
-            end_workers_after_a_death(source)  # a dead worker may hold the lock shutdown needs
-            shutdown()
+    if shut_down_workers(source):
         return
     close = getattr(source, "close", None)
     if owned and callable(close):

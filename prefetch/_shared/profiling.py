@@ -3,9 +3,7 @@
 ``torch.profiler`` shows ``prefetch.fetch`` (the producer inside the source)
 and ``prefetch.wait`` (the loop waiting for an item) when it records. Entering
 ``record_function`` costs microseconds even when nothing records, so the hot
-paths ask :func:`profiling` first. It reads torch's private module flag
-``torch.autograd.profiler._is_profiler_enabled``, the only check torch keeps
-up to date without a call into C; this is the one place that reads it.
+paths ask :func:`profiling` first (:mod:`prefetch._torch.profiler`).
 """
 
 from __future__ import annotations
@@ -15,6 +13,8 @@ from typing import Any
 
 from torch.autograd import profiler
 
+from prefetch._torch.profiler import recording
+
 
 def profiling() -> bool:
     """Return whether a torch profiler is recording now.
@@ -23,7 +23,7 @@ def profiling() -> bool:
         >>> profiling()
         False
     """
-    return bool(profiler._is_profiler_enabled)
+    return recording()
 
 
 def span(name: str) -> AbstractContextManager[Any]:

@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from prefetch._shared.adapters import iterates_a_base
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
-from prefetch._shared.interrupted_start import forget_interrupted_start
 from prefetch._shared.passthrough import set_epoch_on, sized_length, warn_consumed, why_unsized
 from prefetch._shared.read_ahead import ReadAhead, Resumed
 from prefetch._shared.stateful import read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
+from prefetch._torch.interrupted_start import forget_interrupted_start
 
 if TYPE_CHECKING:
     import torch

@@ -14,11 +14,12 @@ the Architecture page of the docs (``docs/architecture.rst``). In short:
   :mod:`.thread_side`; the consumer calls :mod:`.consumer_side`; both share
   :mod:`.shared`, which keeps :mod:`.tickets` and :mod:`.handover`; they pass
   what :mod:`.messages` describes.
-* :mod:`.sampler_seed`, :mod:`.fetch_options`, :mod:`.fetch_info`,
-  :mod:`.allocator`, :mod:`.timeout`: a seeded shuffle, the ``fetch_threads``
-  options, what a fetch thread knows, freed memory, ``timeout=``.
+* :mod:`.fetch_options`, :mod:`.fetch_info`, :mod:`.allocator`,
+  :mod:`.timeout`: the ``fetch_threads`` options, what a fetch thread knows,
+  freed memory, ``timeout=``.
 * :mod:`.policy` with :mod:`.depth_policy` (``depth="auto"``),
   :mod:`.thread_policy` and :mod:`.thread_windows` (``fetch_threads="auto"``).
-* :mod:`.torch_guard`: with the GIL off, one lock around torch's record of
-  DataLoader worker pids.
+
+What they need of torch's internals (the seeded sampler start, the worker-pid
+lock, the fetcher swap) is in :mod:`prefetch._torch`.
 """

@@ -24,7 +24,9 @@ Invariants (every change here, and in the modules named, must keep them):
   now) and ``stopped`` (whether to draw again); a stale hint delays a post or
   a stop by one item, never loses one. ``draw_lock`` orders draws and guards
   the sequence numbers; it is taken before the lock, never while holding it.
-  Nothing relies on the GIL (free-threaded Python runs this as is). The lock
+  Nothing relies on the GIL (free-threaded Python runs this as is; torch's
+  own record of DataLoader worker pids did, and
+  :mod:`prefetch._torch.worker_pids` locks it). The lock
   is re-entrant so that a finalizer calling :meth:`Engine.stop` during
   garbage collection on a thread that holds it cannot deadlock.
 * **Order.** Each item, and each error, takes the next sequence number in

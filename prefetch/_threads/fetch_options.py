@@ -81,7 +81,7 @@ def fetchable(loader: object) -> bool:
     """Whether ``fetch_threads`` could read ``loader`` (a map-style single-process DataLoader)."""
     try:
         check_parallel_loader(loader, "BackgroundLoader")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: torch changed, or switched off
         return False
     return True
 

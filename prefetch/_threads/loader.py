@@ -51,10 +51,11 @@ from prefetch._threads.fetch_options import (
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.keywords import explain_keywords
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
-from prefetch._threads.sampler_seed import start_sampler_here
 from prefetch._threads.tasks import BoardTasks, IteratorTasks, ProducerSpec, Tasks
 from prefetch._threads.timeout import Timeout, check_dataloader_timeout
-from prefetch._threads.torch_guard import guard_worker_pids
+from prefetch._torch.fetcher import base_seed
+from prefetch._torch.sampler_start import start_sampler_here
+from prefetch._torch.worker_pids import guard_worker_pids
 
 DEFAULT_MAX_BYTES = 1 << 30
 """Default ceiling on tensor bytes buffered with ``depth="auto"`` (1 GiB)."""
@@ -296,18 +297,13 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             loader = cast("DataLoader[T]", self._loader)
             tasks = sampler_tasks(loader, source, "BackgroundLoader", self._fetch_grain)
             return_freed_memory()  # arenas of fetch threads keep what they free (allocator)
-        elif self._parallel_fetch_available and not isinstance(source, Resumed):
-            # One thread reads a map-style DataLoader's samples itself, batch by batch, so
-            # that sample_seed() gives each sample its seed (augmentations that repeat).
-            loader = cast("DataLoader[T]", self._loader)
-            tasks = sampler_tasks(loader, source, "BackgroundLoader", "batch", parallel=False)
         else:
-            tasks = IteratorTasks(source, owned=owned)
+            tasks = self._one_thread_tasks(source, owned)
         producer = ProducerSpec(
             prepare=pin_batch if self._pin_memory else None,
             read_state=read_state,
             setup=self._thread_setup(),
-            seed=getattr(source, "_base_seed", None) if isinstance(tasks, BoardTasks) else None,
+            seed=base_seed(source) if isinstance(tasks, BoardTasks) else None,
         )
         return Engine(
             tasks,
@@ -323,6 +319,21 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             expected=expected,
             keep=keep,
         )
+
+    def _one_thread_tasks(self, source: Iterator[Any], owned: bool) -> Tasks:
+        """What one thread runs: a map-style DataLoader's samples, or the source's items.
+
+        Reading a DataLoader's samples itself, batch by batch, the thread knows
+        each sample's place, so :func:`~prefetch.sample_seed` seeds it
+        (augmentations that repeat); any other source is drawn item by item.
+        """
+        if self._parallel_fetch_available and not isinstance(source, Resumed):
+            loader = cast("DataLoader[T]", self._loader)
+            try:
+                return sampler_tasks(loader, source, "BackgroundLoader", "batch", parallel=False)
+            except TypeError:  # not torch's single-process iterator after all
+                pass
+        return IteratorTasks(source, owned=owned)
 
     def _copied_to(self, device: torch.device) -> None:
         """Pin for ``device`` (a CudaPrefetcher stacked on this loader copies there)."""

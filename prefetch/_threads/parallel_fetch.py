@@ -18,17 +18,16 @@ this cannot apply to.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
-from torch.utils.data._utils.pin_memory import pin_memory
 
 from prefetch._shared.epoch import release_source
 from prefetch._threads.fetch_info import enter_sample, leave_sample
 from prefetch._threads.sample_board import Reading, SampleBoard
+from prefetch._torch.fetcher import own_iteration, pin, pin_settings, refusal, swap_fetcher, yielded
 
 
 class _Indices:
@@ -73,8 +72,7 @@ class SamplerTasks:
         self._batched = loader.batch_sampler is not None
         items = getattr(self._dataset, "__getitems__", None)
         self._getitems = items if self._batched and items else None
-        self._pin = bool(getattr(iterator, "_pin_memory", False))  # False without a GPU
-        self._pin_device = getattr(iterator, "_pin_memory_device", None)
+        self._pin, self._pin_device = pin_settings(iterator)  # False without a GPU
 
     def draw(self) -> Any:
         """Return the next batch's indices (the DataLoader's ``next()``, without the reads)."""
@@ -82,7 +80,7 @@ class SamplerTasks:
 
     def _number(self, seq: int) -> int:
         """The number in the epoch of the batch just drawn (it resumes with the loader)."""
-        return int(getattr(self._iterator, "_num_yielded", seq + 1)) - 1
+        return yielded(self._iterator, seq + 1) - 1
 
     def plan(self, seq: int, task: Any, state: Any, threads: int) -> Reading:
         """Split a drawn batch into units: a sample each, ``threads`` chunks, or the batch."""
@@ -131,7 +129,7 @@ class SamplerTasks:
         item = self._collate(data)
         collated = time.perf_counter() - started
         if self._pin:
-            item = pin_memory(item, self._pin_device)  # type: ignore[no-untyped-call]
+            item = pin(item, self._pin_device)
         return item, collated
 
     def release(self) -> None:
@@ -149,6 +147,8 @@ def check_parallel_loader(loader: object, caller: str) -> None:
     Raises:
         TypeError: ``loader`` is not a map-style DataLoader.
         ValueError: the DataLoader has worker processes or a dataset with its own state.
+        RuntimeError: torch changed the DataLoader iterator's internals parallel fetch
+            needs, or ``PREFETCH_TORCH_WORKAROUNDS=0`` (:mod:`prefetch._torch.fetcher`).
     """
     what = f"{caller}(fetch_threads=...)"
     if not isinstance(loader, DataLoader):
@@ -176,7 +176,9 @@ def check_parallel_loader(loader: object, caller: str) -> None:
             "fetch_threads unset to overlap the workers' batches with one thread"
         )
         raise ValueError(msg)
-    own = _own_iteration(type(loader))
+    if (refused := refusal(what)) is not None:  # torch changed its iterator, or switched off
+        raise RuntimeError(refused)
+    own = own_iteration(type(loader))
     if own is not None:
         msg = (
             f"{what} reads a DataLoader's batches without its own next(), but "
@@ -193,19 +195,6 @@ def check_parallel_loader(loader: object, caller: str) -> None:
             "state would not match the batches. Leave fetch_threads unset"
         )
         raise ValueError(msg)
-
-
-def _own_iteration(kind: type) -> str | None:
-    """Name the iteration method ``kind`` overrides, or ``None`` if it iterates as torch's."""
-    bases: list[type] = [DataLoader]
-    with contextlib.suppress(ImportError):
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
-        bases.append(StatefulDataLoader)
-    for name in ("__iter__", "_get_iterator"):
-        if not any(getattr(kind, name) is getattr(base, name) for base in bases):
-            return f"{name}()"
-    return None
 
 
 def sampler_tasks(
@@ -225,12 +214,10 @@ def sampler_tasks(
         TypeError: the iterator is not torch's single-process DataLoader iterator.
     """
     what = f"{caller}(fetch_threads=...)"
-    fetcher = getattr(iterator, "_dataset_fetcher", None)
-    if fetcher is None or not callable(getattr(fetcher, "fetch", None)):
+    if not swap_fetcher(iterator, _Indices):
         msg = (
             f"{what} needs torch's single-process DataLoader iterator; "
             f"iter({type(loader).__name__}) gave {type(iterator).__name__}"
         )
         raise TypeError(msg)
-    iterator._dataset_fetcher = _Indices(fetcher)  # type: ignore[attr-defined]
     return SamplerTasks(loader, iterator, grain, parallel=parallel)

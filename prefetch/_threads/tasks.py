@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from prefetch._shared.dead_workers import lost_a_worker
 from prefetch._shared.epoch import release_source
 from prefetch._threads.sample_board import Reading, SampleBoard
+from prefetch._torch.workers import lost_a_worker
 
 
 class Tasks(Protocol):
@@ -103,6 +103,6 @@ class IteratorTasks:
         """Whether the source is a DataLoader iterator that lost a worker process.
 
         It reports the loss once and, asked again, drops the dead worker's
-        batches or waits forever (:mod:`prefetch._shared.dead_workers`).
+        batches or waits forever (:mod:`prefetch._torch.workers`).
         """
         return lost_a_worker(self.source)

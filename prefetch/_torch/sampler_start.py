@@ -11,7 +11,8 @@ processes the DataLoader starts its sampler in ``iter()`` already.
 :func:`start_sampler_here` takes the sampler's first index in ``iter()``, on
 the caller's thread (no data is loaded), and puts it back in front. Random
 draws inside the dataset (augmentations) still happen on the producer thread:
-the guide says so.
+the guide says so. Off (:mod:`prefetch._torch`), the sampler starts at the
+first ``next()`` on the producer thread, as it would without this.
 """
 
 from __future__ import annotations
@@ -20,18 +21,38 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+from prefetch._torch.workaround import Workaround, resolve, set_by_init
+
+_ITER = "torch.utils.data.dataloader"
+SAMPLER_START = Workaround(
+    "sampler start",
+    "a DataLoader with num_workers=0 starts its sampler (a RandomSampler draws its seed from "
+    "torch's global generator) at its first next(), on the prefetch thread",
+    ("2.6.0", "2.12.0", "2.13.0", "2.15.0"),
+    "a shuffled DataLoader with num_workers=0 draws its seed on the prefetch thread, at a "
+    "moment that depends on timing: torch.manual_seed no longer fixes its order",
+    [
+        set_by_init(_ITER, "_BaseDataLoaderIter", ["_sampler_iter"]),
+        set_by_init(_ITER, "_SingleProcessDataLoaderIter", []),
+    ],
+)
+_MISSING = object()
 
 
-def start_sampler_here(source: Iterator[Any]) -> None:
+def start_sampler_here(source: Any) -> None:
     """Start ``source``'s sampler now if it is a plain single-process DataLoader iterator.
 
     An error the sampler raises is kept and raised at the first ``next()``,
     in its place, as without this.
     """
-    if type(source) is not _SingleProcessDataLoaderIter:  # subclasses keep their own state
+    if not SAMPLER_START.active():
         return
-    indices = source._sampler_iter
+    if type(source) is not resolve(_ITER, "_SingleProcessDataLoaderIter"):
+        return  # subclasses keep their own state
+    indices = getattr(source, "_sampler_iter", _MISSING)
+    if not isinstance(indices, Iterator):
+        SAMPLER_START.turn_off(f"a DataLoader iterator's _sampler_iter is {type(indices).__name__}")
+        return
     try:
         first = next(indices)
     except StopIteration:

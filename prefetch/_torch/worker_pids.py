@@ -31,7 +31,8 @@ other thread exists there to release the copied one).
 
 With the GIL on, nothing is changed: the functions stay torch's own. Installing
 is idempotent; each :class:`BackgroundLoader` does it when it is made, before
-any of its epochs starts workers or threads.
+any of its epochs starts workers or threads. Off (:mod:`prefetch._torch`),
+torch's functions are left as they are, with the GIL off too.
 """
 
 from __future__ import annotations
@@ -44,10 +45,21 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from torch.utils.data._utils import signal_handling
+from prefetch._torch.workaround import Workaround, callable_at, resolve
 
+SIGNAL_HANDLING = "torch.utils.data._utils.signal_handling"
+"""The module whose functions use torch's worker-pid map."""
 GUARDED = ("_set_worker_pids", "_remove_worker_pids", "_error_if_any_worker_fails")
 """The functions of ``signal_handling`` that use torch's worker-pid map."""
+WORKER_PID_GUARD = Workaround(
+    "worker-pid guard",
+    "torch's map of DataLoader worker pids has no lock: with the GIL off, a prefetch thread "
+    "and the main thread using it at once crash the process (SIGSEGV)",
+    ("2.12.0",),
+    "with the GIL off, a BackgroundLoader over a DataLoader with worker processes can crash "
+    "the process (SIGSEGV) when a worker ends while another thread starts or stops workers",
+    [callable_at(SIGNAL_HANDLING, name) for name in GUARDED],
+)
 
 _LOCK = threading.RLock()
 """Held around every guarded call (re-created in a forked child)."""
@@ -65,12 +77,13 @@ def guard_worker_pids() -> bool:
     """Put the three functions under one lock if the GIL is off; idempotent.
 
     Returns:
-        Whether the guard is installed (False with the GIL on: nothing changed).
+        Whether the guard is installed (False with the GIL on, or the
+        workaround off: nothing changed).
     """
     global _installed
     if _installed:
         return True
-    if gil_enabled():
+    if gil_enabled() or not WORKER_PID_GUARD.active():
         return False
     with _install_lock:
         if not _installed:
@@ -81,7 +94,7 @@ def guard_worker_pids() -> bool:
 
 def _install() -> None:
     """Replace each function, in ``signal_handling`` and wherever it was imported by name."""
-    originals = {name: getattr(signal_handling, name) for name in GUARDED}
+    originals = {name: resolve(SIGNAL_HANDLING, name) for name in GUARDED}
     wrappers = {name: _guarded(function) for name, function in originals.items()}
     definition = sys.modules.get("torch._C")  # left as it is: torch's own name for them
     for module in list(sys.modules.values()):

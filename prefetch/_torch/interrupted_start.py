@@ -6,7 +6,7 @@ map keyed by the iterator's ``id()`` (``_set_worker_pids``, called from its
 on the next line; only when that flag is set does its shutdown remove the
 record. A ``KeyboardInterrupt`` (Ctrl-C) or another ``BaseException``
 raised between the two (in ``_set_SIGCHLD_handler``, or on the way out of
-the lock :mod:`prefetch._threads.torch_guard` puts around the call) leaves
+the lock :mod:`prefetch._torch.worker_pids` puts around the call) leaves
 the record behind for good. A later iterator that Python places at the same
 address, which happens soon, then fails in ``iter()`` with ``ValueError:
 _set_worker_pids should be called only once for each _BaseDataLoaderIter``:
@@ -19,6 +19,8 @@ each half-built DataLoader iterator in its traceback whose ``__init__``
 raised with ``_worker_pids_set`` false, and nothing else. The iterator is
 still alive there (its frame holds it), so the record under its ``id()`` is
 its own; one that was never recorded is left as it is.
+
+Off (:mod:`prefetch._torch`), the record stays behind, as without prefetch.
 """
 
 from __future__ import annotations
@@ -26,7 +28,26 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from torch.utils.data._utils import signal_handling
+from prefetch._torch.workaround import Workaround, callable_at, resolve, set_by_init
+
+_PIDS = "torch.utils.data._utils.signal_handling"
+INTERRUPTED_START = Workaround(
+    "interrupted start",
+    "an interrupt between a multi-worker DataLoader iterator's _set_worker_pids and its "
+    "_worker_pids_set flag leaves its pid record behind, and a later iterator at the same "
+    "address cannot start",
+    ("2.6.0", "2.12.0", "2.13.0", "2.15.0"),
+    "a loop interrupted (Ctrl-C) while a DataLoader's workers start may fail to start again "
+    "with 'ValueError: _set_worker_pids should be called only once'",
+    [
+        callable_at(_PIDS, "_remove_worker_pids"),
+        set_by_init(
+            "torch.utils.data.dataloader",
+            "_MultiProcessingDataLoaderIter",
+            ["_worker_pids_set", "_workers"],
+        ),
+    ],
+)
 
 
 def _half_built(error: BaseException) -> list[Any]:
@@ -52,10 +73,14 @@ def forget_interrupted_start(error: BaseException) -> int:
         >>> forget_interrupted_start(ValueError("not from a DataLoader"))
         0
     """
+    half_built = _half_built(error)
+    if not half_built or not INTERRUPTED_START.active():
+        return 0
+    remove = resolve(_PIDS, "_remove_worker_pids")
     removed = 0
-    for iterator in _half_built(error):
+    for iterator in half_built:
         try:
-            signal_handling._remove_worker_pids(id(iterator))  # type: ignore[attr-defined]
+            remove(id(iterator))
         except ValueError:  # interrupted before the record: nothing to forget
             continue
         removed += 1
