@@ -20,7 +20,7 @@ from prefetch._threads.loader import BackgroundLoader
 from prefetch._threads.timeout import LoaderTimeoutError
 from prefetch._torch.workaround import TorchWorkaroundWarning
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "BackgroundIterator",

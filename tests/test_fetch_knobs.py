@@ -131,9 +131,18 @@ class TestFetchInfo:
             seeds.append({info.seed for _, _, info in reads(dataset)})
         assert seeds == [{expected[0]}, {expected[1]}] and expected[0] != expected[1]
 
-    def test_none_outside_fetch_threads(self) -> None:
-        """The main thread, a one-thread BackgroundLoader and a plain DataLoader see None."""
+    def test_none_outside_the_threads_that_read_samples(self) -> None:
+        """The main thread, a plain DataLoader and a thread drawing whole items see None."""
         assert fetch_info() is None
+        dataset = Recorder(4)
+        assert list(DataLoader(dataset)) and len(reads(dataset)) == 4
+        items = BackgroundLoader(dataset[index] for index in range(4))  # a generator: items
+        assert [int(item) for item in items] == [0, 1, 2, 3] and len(reads(dataset)) == 8
+        assert {info for _, _, info in reads(dataset)} == {None}
+        assert all(name.startswith("prefetch-") for _, name, _ in reads(dataset)[4:])
+
+    def test_the_one_thread_of_a_default_loader_reads_as_thread_zero(self) -> None:
+        """Without fetch_threads, the thread reading a DataLoader's samples is thread 0 of 1."""
         dataset = Recorder(4)
         assert [batch.tolist() for batch in BackgroundLoader(DataLoader(dataset))] == [
             [0],
@@ -141,9 +150,10 @@ class TestFetchInfo:
             [2],
             [3],
         ]
-        assert list(DataLoader(dataset)) and len(reads(dataset)) == 8
-        assert {info for _, _, info in reads(dataset)} == {None}
-        assert all(name.startswith("prefetch-") for _, name, _ in reads(dataset)[:4])
+        infos = {info for _, _, info in reads(dataset)}
+        assert len(infos) == 1
+        (info,) = infos
+        assert info is not None and (info.index, info.threads) == (0, 1)
 
     def test_frozen(self) -> None:
         """A FetchInfo cannot be changed."""

@@ -233,7 +233,7 @@ class TestSampleSeed:
         assert len(set(fractions)) == len(fractions)
 
     def test_none_outside_the_reads(self) -> None:
-        """On the loop's thread, and without fetch_threads, there is no sample seed."""
+        """On the loop's thread, and in a thread drawing whole items, there is no sample seed."""
         assert sample_seed() is None
         seen: list[int | None] = []
 
@@ -245,8 +245,11 @@ class TestSampleSeed:
                 seen.append(sample_seed())
                 return index
 
-        list(BackgroundLoader(DataLoader(Probe())))
+        probe = Probe()
+        assert list(BackgroundLoader(probe[index] for index in range(2))) == [0, 1]
         assert seen == [None, None]
+        list(BackgroundLoader(DataLoader(probe)))  # the one thread reads the samples: seeded
+        assert None not in seen[2:] and len(seen) == 4
 
 
 class TestFetchGrainArgument:

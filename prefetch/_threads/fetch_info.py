@@ -1,11 +1,12 @@
-"""``fetch_info()``: what a parallel-fetch thread knows about itself.
+"""``fetch_info()``: what a thread reading a DataLoader's samples knows about itself.
 
 The threads' counterpart of ``torch.utils.data.get_worker_info()``. The
-engine (:mod:`prefetch._threads.engine`) enters each parallel-fetch thread
-here before anything else runs in it (the thread's set-up and
-``thread_init_fn`` included) and leaves when the thread does; everywhere
-else, the main thread and a one-thread ``BackgroundLoader`` included,
-:func:`fetch_info` returns ``None``.
+engine (:mod:`prefetch._threads.engine`) enters each thread that reads a
+map-style DataLoader's samples (the ``fetch_threads``, or the one thread of a
+``BackgroundLoader`` without them) here before anything else runs in it (the
+thread's set-up and ``thread_init_fn`` included) and leaves when the thread
+does; everywhere else (your loop's thread, a thread drawing whole items from
+any other iterable) :func:`fetch_info` returns ``None``.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def fetch_info() -> FetchInfo | None:
 
     Call it in a dataset's ``__getitem__``, a ``collate_fn`` or
     ``thread_init_fn``, as ``get_worker_info()`` in a worker process. It is
-    ``None`` outside the threads of ``BackgroundLoader(...,
-    fetch_threads=...)``: on your loop's thread, and in the one thread of a
-    ``BackgroundLoader`` without ``fetch_threads``.
+    ``None`` outside the threads that read a DataLoader's samples: on your
+    loop's thread, and in the thread of a ``BackgroundLoader`` over any
+    other iterable (without ``fetch_threads``, one thread reads a map-style
+    DataLoader's samples: thread 0 of 1).
 
     Which thread reads which batch varies from run to run, so for random
     numbers that repeat across runs derive them from ``seed`` and the sample
@@ -111,8 +113,9 @@ def sample_seed(offset: int = 0) -> int | None:
     (``torch.rand``, ``random``, torchvision's random transforms) are shared
     by the threads and cannot repeat. In ``__getitems__``, ``offset`` gives
     the seed of the chunk's sample at that offset. ``None`` outside the
-    reads of ``BackgroundLoader(..., fetch_threads=...)``: in a plain
-    ``DataLoader``, seed per worker as torch documents.
+    reads of a ``BackgroundLoader`` over a map-style DataLoader (one thread,
+    or ``fetch_threads``): in a plain ``DataLoader``, seed per worker as torch
+    documents.
 
     Example:
         >>> import torch
@@ -121,7 +124,7 @@ def sample_seed(offset: int = 0) -> int | None:
         >>> class Noisy(Dataset):
         ...     def __len__(self): return 8
         ...     def __getitem__(self, i):
-        ...         seed = sample_seed()  # None outside fetch threads: the global RNG then
+        ...         seed = sample_seed()  # None outside a BackgroundLoader: the global RNG then
         ...         generator = None if seed is None else torch.Generator().manual_seed(seed)
         ...         return torch.rand((), generator=generator)
         >>> def epoch(threads):
