@@ -259,6 +259,35 @@ class TestGrowth:
         assert "within the maximum of 32 threads" in feed.stats.thread_events[0].reason
 
 
+class TestFirstReads:
+    """A fresh sample-grain policy sizes its first epoch from the first reads (scripted)."""
+
+    def test_reads_that_wait_size_it_to_keep_the_cores_busy(self) -> None:
+        """Reads 20 ms long, 1 ms on the CPU, 2 cores: the count goes to 2 / 5% = 40 -> 32."""
+        policy = ThreadPolicy(cores=2, sample_grain=True)
+        stats = LoaderStats(started=0.0)
+        policy.start_epoch(stats)
+        assert policy.first_reads() == START_THREADS
+        assert policy.observe_reads(reads=2, busy_seconds=0.040, cpu_seconds=0.002) == 32
+        (event,) = stats.thread_events
+        assert (event.old, event.new) == (START_THREADS, 32)
+        assert event.reason.startswith("start: 2 reads took 20 ms each, 5% of it on the CPU")
+        assert policy.first_reads() is None  # once per policy: later epochs keep what it learned
+
+    @pytest.mark.parametrize(("cpu", "expected"), [(0.020, None), (0.004, 10)])
+    def test_reads_on_the_cpu_stay_within_the_cores(self, cpu: float, expected: int | None) -> None:
+        """All on the CPU: no change (2 cores, 2 threads); a fifth: 10 threads."""
+        policy = ThreadPolicy(cores=2, sample_grain=True)
+        policy.start_epoch(LoaderStats(started=0.0))
+        assert policy.observe_reads(reads=2, busy_seconds=0.040, cpu_seconds=cpu * 2) == expected
+
+    def test_whole_batch_reads_and_fixed_counts_ask_for_none(self) -> None:
+        """At the grain of batches (a read is a batch) and for a fixed count: no start rule."""
+        assert ThreadPolicy(cores=2).first_reads() is None
+        assert Fixed(THREADS, 4).first_reads() is None
+        assert Fixed(THREADS, 4).observe_reads(reads=4, busy_seconds=1.0, cpu_seconds=0.1) is None
+
+
 class TestRevert:
     """ThreadPolicy.observe: a growth that does not pay is undone, and the count holds."""
 
@@ -615,7 +644,7 @@ class TestWithBackgroundLoader:
         stats = loader.stats
         events = stats.thread_events
         assert events and events[0].old == 2 < events[0].new
-        assert events[0].reason.startswith("grow: the loop waited")
+        assert events[0].reason.startswith("start: 2 reads took")  # sized by the first reads
         for before, after in itertools.pairwise(events):
             assert after.old == before.new
         assert stats.fetch_threads == events[-1].new

@@ -43,8 +43,10 @@ class ConsumerSide:
             wait: Block until a run is posted if none is.
 
         Returns:
-            The runs (``[STOPPED_RUN]`` once the engine stopped; empty only
-            without ``wait``) and the seconds waited.
+            The runs (``[STOPPED_RUN]`` once the engine stopped; empty without
+            ``wait``, or once the reads the engine was told to watch are done:
+            :meth:`~prefetch._threads.engine.Engine.tell_after`) and the
+            seconds waited.
 
         Raises:
             RuntimeError: Every thread left without posting the run waited for.
@@ -93,6 +95,8 @@ class ConsumerSide:
                 runs = shared.handover.take()
                 if runs:
                     return runs
+                if shared.told:  # reads it asked to hear of are done: back to the consumer
+                    return []
                 if shared.running == 0 and not shared.releasing and not shared.stopped:
                     names = ", ".join(repr(thread.name) for thread in shared.started)
                     msg = (

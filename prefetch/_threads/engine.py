@@ -226,6 +226,20 @@ class Engine:
             if last:
                 live.discard(self)
 
+    def tell_after(self, reads: int | None) -> None:
+        """Have the consumer's wait return once the threads read ``reads`` units in all."""
+        with self.shared.lock:
+            self.shared.tell_at = reads
+
+    def told(self) -> bool:
+        """Whether the reads :meth:`tell_after` watched are done (once; a hint read first)."""
+        shared = self.shared
+        if not shared.told:
+            return False
+        with shared.lock:
+            told, shared.told = shared.told, False
+            return told
+
     def set_depth(self, depth: int) -> None:
         """Change the depth and wake threads waiting for tickets."""
         with self.shared.lock:

@@ -130,6 +130,7 @@ class BackgroundIterator(EpochIterator[T]):
         self._return_every = self._return_interval()
         self._finalizer = finalizer = weakref.finalize(self, engine.stop)
         finalizer.atexit = False
+        self._reports.start(engine)
         try:
             engine.start()
         except BaseException:  # e.g. Ctrl-C while Thread.start() waits: never leave it running
@@ -230,7 +231,10 @@ class BackgroundIterator(EpochIterator[T]):
         self._returned_pos = pos
         self._items_at_exchange = self._record.stats.items
         assert self._engine is not None  # started: _next_slow starts the epoch first
-        runs, waited = self._engine.consumer.exchange(returned, nbytes, wait=wait)
+        engine = self._engine
+        runs, waited = engine.consumer.exchange(returned, nbytes, wait=wait)
+        if engine.told():  # the reads the thread policy asked to hear of are done
+            self._reports.reads_done(engine)
         self._queued.extend(runs)
         if waited:
             self._reports.waited(waited)

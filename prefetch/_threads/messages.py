@@ -159,3 +159,5 @@ class Snapshot(NamedTuple):
     """Seconds the threads spent blocked on a full buffer, summed over threads."""
     cpu_seconds: float
     """CPU seconds of the threads' draws and runs (only with ``measure_cpu``)."""
+    reads: int
+    """Units the threads read, in all (threads that read a DataLoader's samples)."""

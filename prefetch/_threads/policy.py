@@ -56,6 +56,12 @@ class Control(Protocol):
     def drives(self, stats: LoaderStats) -> bool:
         """Whether ``stats`` belong to the epoch this control adapts."""
 
+    def first_reads(self) -> int | None:
+        """Reads after which to hear of them (:meth:`observe_reads`), or ``None``: never."""
+
+    def observe_reads(self, *, reads: int, busy_seconds: float, cpu_seconds: float) -> int | None:
+        """Take the first reads into account; return a new value or ``None``."""
+
 
 class Fixed:
     """A setting that never changes, behind :class:`Control`.
@@ -87,6 +93,14 @@ class Fixed:
         """Ignore the report: the setting stays."""
         return None
 
+    def first_reads(self) -> int | None:
+        """Never: nothing to decide."""
+        return None
+
+    def observe_reads(self, *, reads: int, busy_seconds: float, cpu_seconds: float) -> int | None:
+        """Ignore them: the setting stays."""
+        return None
+
 
 class AdaptivePolicy:
     """The cycle of a self-tuning setting; a subclass adds its rules and ``observe``.
@@ -110,6 +124,14 @@ class AdaptivePolicy:
     def drives(self, stats: LoaderStats) -> bool:
         """Whether ``stats`` belong to the epoch this policy adapts (the latest one)."""
         return self._stats is stats
+
+    def first_reads(self) -> int | None:
+        """Reads after which to hear of them (none, unless a rule set says so)."""
+        return None
+
+    def observe_reads(self, *, reads: int, busy_seconds: float, cpu_seconds: float) -> int | None:
+        """Take the first reads into account (nothing, unless a rule set says so)."""
+        return None
 
     def start_epoch(self, stats: LoaderStats) -> None:
         """Begin an epoch whose stats receive the setting and its changes."""

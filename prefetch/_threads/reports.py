@@ -53,6 +53,19 @@ class Reports:
         self._reported_items = 0  # stats.items at the last report
         self._fewest = 0  # the fewest items ready at a report point since (0: report at once)
 
+    def start(self, engine: Engine) -> None:
+        """Ask the engine to say when the reads the thread policy wants to hear of are done."""
+        engine.tell_after(self.threads.first_reads() if self.active else None)
+
+    def reads_done(self, engine: Engine) -> None:
+        """The reads asked for are done: the thread policy may size the epoch from them."""
+        figures = engine.snapshot()
+        wanted = self.threads.observe_reads(
+            reads=figures.reads, busy_seconds=figures.busy_seconds, cpu_seconds=figures.cpu_seconds
+        )
+        if wanted is not None:
+            engine.set_threads(wanted)
+
     def waited(self, seconds: float) -> None:
         """The loop waited ``seconds`` for a run: reported with the next hand-over."""
         self._waited = seconds

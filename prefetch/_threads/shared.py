@@ -93,6 +93,9 @@ class Shared:
         self.handover = Handover(in_order=in_order)
         self.fetched = 0  # items posted, in all
         self.busy = self.blocked = self.cpu = 0.0  # the threads' seconds, summed
+        self.reads = 0  # units read, in all
+        self.tell_at: int | None = None  # reads after which the consumer is told (see below)
+        self.told = False  # they were done: the consumer's wait returns (a hint read first)
         self.staying = 0  # threads that go on (not told to leave)
         self.running = 0  # threads that have not left
         self.waiting = 0  # threads blocked waiting for a ticket
@@ -130,6 +133,7 @@ class Shared:
                 busy_seconds=self.busy,
                 blocked_seconds=self.blocked,
                 cpu_seconds=self.cpu,
+                reads=self.reads,
             )
 
     def stop(self) -> None:

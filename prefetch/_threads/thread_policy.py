@@ -21,6 +21,12 @@ share* (CPU seconds per busy second of the threads).
 
 The rules (the guide explains them with a trace):
 
+* **Start from the first reads.** A fresh policy at the grain of samples
+  hears of each starting thread's first read (:meth:`ThreadPolicy.observe_reads`)
+  and jumps at once to ``cores / CPU share`` threads (within the maximum):
+  an epoch of a few batches then runs at the right count from its first
+  batch, instead of growing window by window.
+
 * **Grow only while the loop waits.** A window whose wait share is below
   :data:`MIN_WAIT_SHARE` changes nothing: the loader is already ahead, and
   more threads would only hold more batches (a *consumer-bound* hold).
@@ -163,7 +169,46 @@ class ThreadPolicy(AdaptivePolicy):
         self._held_count: _Hold | None = None  # the count held after a probe that did not pay
         self._failures = 0  # probes that did not pay, ever: the back-off
         self._carry = NOTHING  # a partial window from the previous epoch
+        self._sized = False  # the first reads sized it (sample grain; once per policy)
         self._start_epoch_marks()
+
+    def first_reads(self) -> int | None:
+        """A fresh policy at the grain of samples: hear of each starting thread's first read.
+
+        Before any batch reaches the loop, the first reads say how long a
+        read takes and how much of it is on the CPU: enough to size the
+        first epoch (:meth:`observe_reads`), instead of growing window by
+        window through an epoch that may have only a few batches.
+        """
+        if self._rounds or self._sized:
+            return None
+        return self.value
+
+    def observe_reads(self, *, reads: int, busy_seconds: float, cpu_seconds: float) -> int | None:
+        """Size a fresh loader from its first reads: as many threads as keep the cores busy.
+
+        A read that waits (storage, network) for most of its time leaves the
+        cores idle: ``cores / CPU share`` threads keep them busy, within the
+        maximum (at this grain threads share each batch, so more threads
+        hold no more batches). Then the windows go on as usual.
+        """
+        if self._rounds or self._sized:
+            return None
+        self._sized = True
+        if reads <= 0 or busy_seconds <= 0.0:
+            return None
+        share = min(1.0, cpu_seconds / busy_seconds) if cpu_seconds > 0.0 else 0.0
+        ceiling = self.maximum if share <= 0.0 else math.floor(self.cores / share + 0.5)
+        new = max(self.value, min(self.maximum, ceiling))
+        if new == self.value:
+            return None
+        per_read = busy_seconds / reads
+        self._reason = (
+            f"start: {reads} reads took {per_read * 1000:.3g} ms each, {share:.0%} of it on "
+            f"the CPU; {new} threads keep {self.cores} cores busy"
+            + (f" (the maximum of {self.maximum})" if new == self.maximum else "")
+        )
+        return self._change(new, self._reason)
 
     def _start_epoch_marks(self) -> None:
         self._mark: Window | None = None  # the report the window began at (None: settling)

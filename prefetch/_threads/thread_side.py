@@ -1,6 +1,6 @@
 """``ThreadSide``: what an engine's producer threads do to the state they share.
 
-A producer (:func:`prefetch._threads.producers.produce`) is given a
+A producer (:class:`prefetch._threads.producers.Producer`) is given a
 :class:`ThreadSide` over its engine's :class:`~prefetch._threads.shared.Shared`
 and nothing else of the engine: it takes tickets, posts runs, marks the end,
 and its thread leaves through :meth:`ThreadSide.leave`, where the last thread
@@ -154,6 +154,12 @@ class ThreadSide:
             stats.fetch_reads[slot] += reads
         shared.busy += seconds + collate
         shared.cpu += cpu
+        if reads:
+            shared.reads += reads
+            if shared.tell_at is not None and shared.reads >= shared.tell_at:
+                shared.tell_at = None  # once: the consumer decides on them (a policy's start)
+                shared.told = True
+                shared.data.notify()
 
     def add_fetch_slot(self) -> int:
         """Give a thread that reads units its entry in ``stats.fetch_seconds``; return it."""
