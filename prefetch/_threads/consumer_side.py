@@ -86,7 +86,7 @@ class ConsumerSide:
                 wait = shared.poll
                 if timeout is not None:
                     wait = deadline - time.monotonic()
-                    if wait <= 0:  # the epoch ends here: nothing fetched is kept
+                    if wait <= 0:  # the epoch ends here
                         shared.stop()
                         message = Message(Kind.RAISE_AND_END, timeout.error(), None)
                         return [Run([], end=message)]

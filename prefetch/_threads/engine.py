@@ -55,7 +55,10 @@ Invariants (every change here, and in the modules named, must keep them):
   final ``RAISE_AND_END`` run carrying the timeout error instead.
 * **Stop.** :meth:`Engine.stop` (from any thread, a finalizer included) makes
   every thread leave at its next check; one inside the source leaves when the
-  source returns. Nothing a stopped engine fetched is kept. At interpreter
+  source returns. Nothing a stopped engine fetched is kept, unless its source
+  is one-shot (``keep``): then what it drew and did not hand over, what its
+  threads post after the stop included, is kept for the next epoch
+  (:meth:`Engine.read_ahead`). At interpreter
   exit every live engine is stopped and given :data:`EXIT_GRACE` seconds in
   all to release its source.
 * **No reference to the consumer.** Threads hold the shared state, never
