@@ -80,7 +80,7 @@ from prefetch._threads.fetch_info import enter_fetch_thread, leave_fetch_thread
 from prefetch._threads.messages import Final, Kind, Run, Snapshot
 from prefetch._threads.producers import Producer
 from prefetch._threads.shared import Shared
-from prefetch._threads.tasks import BoardTasks, ProducerSpec, Tasks
+from prefetch._threads.tasks import ProducerSpec, Tasks, reads_units
 from prefetch._threads.thread_side import ThreadSide
 from prefetch._threads.tickets import Held
 from prefetch._threads.timeout import Timeout
@@ -149,8 +149,8 @@ class Engine:
         )
         self.side = ThreadSide(self.shared)
         self.consumer = ConsumerSide(self.shared, timeout)
-        self.reads = isinstance(tasks, BoardTasks)  # threads read its draws' samples
-        self.parallel = isinstance(tasks, BoardTasks) and tasks.parallel  # fetch_threads
+        self.reads = reads_units(tasks)  # threads read its draws' samples
+        self.parallel = reads_units(tasks) and tasks.parallel  # fetch_threads
         self.max_bytes = max_bytes
 
     @property

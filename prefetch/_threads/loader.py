@@ -51,7 +51,7 @@ from prefetch._threads.fetch_options import (
 from prefetch._threads.iterator import BackgroundIterator
 from prefetch._threads.keywords import explain_keywords
 from prefetch._threads.parallel_fetch import check_parallel_loader, sampler_tasks
-from prefetch._threads.tasks import BoardTasks, IteratorTasks, ProducerSpec, Tasks
+from prefetch._threads.tasks import IteratorTasks, ProducerSpec, Tasks, reads_units
 from prefetch._threads.timeout import Timeout, check_dataloader_timeout
 from prefetch._torch.fetcher import base_seed
 from prefetch._torch.sampler_start import start_sampler_here
@@ -303,7 +303,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             prepare=pin_batch if self._pin_memory else None,
             read_state=read_state,
             setup=self._thread_setup(),
-            seed=base_seed(source) if isinstance(tasks, BoardTasks) else None,
+            seed=base_seed(source) if reads_units(tasks) else None,
         )
         return Engine(
             tasks,

@@ -41,7 +41,7 @@ from prefetch._shared.profiling import profiling, span
 from prefetch._shared.structure import tensor_nbytes
 from prefetch._threads.messages import Final, Message, Run, message_for
 from prefetch._threads.sample_board import Reading
-from prefetch._threads.tasks import BoardTasks
+from prefetch._threads.tasks import BoardTasks, reads_units
 from prefetch._threads.thread_side import ThreadSide
 from prefetch._threads.tickets import Held
 
@@ -49,6 +49,8 @@ POST_AFTER = 50e-6
 """Longest a thread holds drawn items back before posting them (to post many at once)."""
 ALL = sys.maxsize
 """Take every free ticket."""
+ACCOUNT_EVERY = 8
+"""Reads a thread counts up before it adds them to the stats (under the engine's lock)."""
 
 
 class Producer:
@@ -61,10 +63,11 @@ class Producer:
 
     def __init__(self, side: ThreadSide, held: Held) -> None:
         self.side, self.held = side, held
+        self.unaccounted: list[Any] = [0.0, 0.0, 0]  # seconds, CPU seconds, reads: see _read
         shared = side.shared
         self.shared = shared
         tasks = shared.tasks
-        self.board_tasks = tasks if isinstance(tasks, BoardTasks) else None
+        self.board_tasks: BoardTasks | None = tasks if reads_units(tasks) else None
         self.most = ALL if self.board_tasks is None else 1  # tickets a draw step takes
         self.slot = -1  # this thread's entry in stats.fetch_seconds (threads that read)
         self.post_every = 1  # items per post: one until the rate is known
@@ -77,18 +80,21 @@ class Producer:
         if board is not None:
             self.slot = side.add_fetch_slot()
         count = 0  # tickets taken for the next draws
+        work: tuple[Reading, int] | None = None  # a unit to read next
         try:
             while not shared.stopped:
                 if board is not None:
-                    work = board.take()
+                    if work is None:
+                        work = board.take()
                     if work is not None:
                         if count:  # it would wait unused while this thread reads
                             side.give_back_ticket(held)
                             count = 0
-                        final = self._read(*work)
+                        final, work = self._read(*work)
                         if final is not None:
                             return final
                         continue
+                    self._account()  # before it waits or draws: the figures are current
                 if shared.over:
                     return None  # ended: no more draws, and nothing left here to read
                 if not count:
@@ -102,6 +108,7 @@ class Producer:
                     return final
             return None
         finally:
+            self._account()
             if board is not None and shared.stopped:  # the batches on it hold tickets
                 held.tickets += board.cut(0)
 
@@ -199,9 +206,12 @@ class Producer:
         """Pace the next post: ``POST_AFTER`` seconds of draws (``items`` took ``seconds``)."""
         self.post_every = ALL if seconds <= 0.0 else max(1, int(POST_AFTER * items / seconds))
 
-    def _read(self, batch: Reading, unit: int) -> Final | None:
-        """Read one unit; post its batch if that completed it. Return a final message, if any."""
-        side, shared = self.side, self.shared
+    def _read(self, batch: Reading, unit: int) -> tuple[Final | None, tuple[Reading, int] | None]:
+        """Read one unit; post its batch if that completed it, else take the next unit.
+
+        Returns a final message, if any, and the unit to read next (``None``: look again).
+        """
+        shared = self.shared
         assert self.board_tasks is not None  # only threads that read get units
         board_tasks = self.board_tasks
         started, cpu = time.perf_counter(), shared.clock()
@@ -211,12 +221,24 @@ class Producer:
             part = board_tasks.read(batch, unit)
         except BaseException as raised:  # the batch raises it, if no earlier unit raises first
             error = raised
-        complete = board_tasks.board.give_back(batch, unit, part, error)
+        complete, work = board_tasks.board.give_back_and_take(batch, unit, part, error)
         del part, error
-        side.account(self.slot, time.perf_counter() - started, shared.clock() - cpu, reads=1)
+        tally = self.unaccounted
+        tally[0] += time.perf_counter() - started
+        tally[1] += shared.clock() - cpu
+        tally[2] += 1
+        if tally[2] >= ACCOUNT_EVERY or shared.tell_at is not None:  # a hint: see Shared
+            self._account()
         if complete:
-            return self._post_batch(batch)
-        return None
+            return self._post_batch(batch), None
+        return None, work
+
+    def _account(self) -> None:
+        """Add the reads not counted yet to the stats and the engine's sums (one lock)."""
+        seconds, cpu, reads = self.unaccounted
+        if reads:
+            self.side.account(self.slot, seconds, cpu, reads=reads)
+            self.unaccounted = [0.0, 0.0, 0]
 
     def _post_batch(self, batch: Reading) -> Final | None:
         """Collate a complete batch and post it at its place, with the ticket it holds."""

@@ -122,20 +122,24 @@ class SampleBoard:
     def take(self) -> tuple[Reading, int] | None:
         """Hand out the next unit of the earliest batch that has one; ``None``: none left."""
         with self._lock:
-            while self._open:
-                batch = self._open[0]
-                if batch.seq >= self._cut:
-                    self._open.popleft()
-                    continue
-                unit = batch.next
-                if unit >= batch.end:
-                    self._open.popleft()
-                    continue
-                batch.next = unit + 1
-                if batch.next >= batch.end:
-                    self._open.popleft()
-                return batch, unit
-            return None
+            return self._take()
+
+    def _take(self) -> tuple[Reading, int] | None:
+        """:meth:`take`, holding the lock."""
+        while self._open:
+            batch = self._open[0]
+            if batch.seq >= self._cut:
+                self._open.popleft()
+                continue
+            unit = batch.next
+            if unit >= batch.end:
+                self._open.popleft()
+                continue
+            batch.next = unit + 1
+            if batch.next >= batch.end:
+                self._open.popleft()
+            return batch, unit
+        return None
 
     def give_back(self, batch: Reading, unit: int, part: Any, error: BaseException | None) -> bool:
         """Record a unit's result (or its error); ``True``: the batch is complete, for this thread.
@@ -145,19 +149,32 @@ class SampleBoard:
         since one of them may raise first.
         """
         with self._lock:
-            if error is not None:
-                batch.errors[unit] = error
-                if not isinstance(error, Exception) and unit + 1 < batch.end:
-                    batch.left -= batch.end - max(batch.next, unit + 1)  # never handed out
-                    batch.end = unit + 1
-            else:
-                batch.parts[unit] = part
-            batch.left -= 1
-            if batch.left or self._reading.get(batch.seq) is not batch:
-                return False  # more to read, or dropped by a cut
-            del self._reading[batch.seq]
-            self.samples -= batch.samples
-            return True
+            return self._give_back(batch, unit, part, error)
+
+    def give_back_and_take(
+        self, batch: Reading, unit: int, part: Any, error: BaseException | None
+    ) -> tuple[bool, tuple[Reading, int] | None]:
+        """:meth:`give_back`, then, unless that completed the batch, :meth:`take`: one lock."""
+        with self._lock:
+            if self._give_back(batch, unit, part, error):
+                return True, None
+            return False, self._take()
+
+    def _give_back(self, batch: Reading, unit: int, part: Any, error: BaseException | None) -> bool:
+        """:meth:`give_back`, holding the lock."""
+        if error is not None:
+            batch.errors[unit] = error
+            if not isinstance(error, Exception) and unit + 1 < batch.end:
+                batch.left -= batch.end - max(batch.next, unit + 1)  # never handed out
+                batch.end = unit + 1
+        else:
+            batch.parts[unit] = part
+        batch.left -= 1
+        if batch.left or self._reading.get(batch.seq) is not batch:
+            return False  # more to read, or dropped by a cut
+        del self._reading[batch.seq]
+        self.samples -= batch.samples
+        return True
 
     def cut(self, seq: int) -> int:
         """Drop every batch from ``seq`` on (a final message there); return their tickets."""

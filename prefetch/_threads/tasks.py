@@ -20,7 +20,7 @@ order, by as many threads as the engine has, and does the slow part.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 from prefetch._shared.epoch import release_source
 from prefetch._threads.sample_board import Reading, SampleBoard
@@ -29,6 +29,10 @@ from prefetch._torch.workers import lost_a_worker
 
 class Tasks(Protocol):
     """The source of an engine: ordered draws (see the module)."""
+
+    @property
+    def board(self) -> SampleBoard | None:
+        """Where drawn batches wait to be read (``None``: a draw is the item)."""
 
     def draw(self) -> Any:
         """Return the next task; raise ``StopIteration`` at the end (one caller at a time)."""
@@ -40,12 +44,13 @@ class Tasks(Protocol):
         """Whether the source, having just raised an ``Exception``, must not be drawn again."""
 
 
-@runtime_checkable
 class BoardTasks(Tasks, Protocol):
     """A source whose draws are read in parallel, in units on a shared board (see the module)."""
 
-    board: SampleBoard
-    """The batches drawn and not yet complete, shared by the engine's threads."""
+    @property
+    def board(self) -> SampleBoard:
+        """The batches drawn and not yet complete, shared by the engine's threads."""
+
     parallel: bool
     """Whether ``fetch_threads`` reads it (false: one thread of a default loader)."""
 
@@ -87,9 +92,10 @@ class IteratorTasks:
         'a'
     """
 
-    __slots__ = ("draw", "owned", "source")
+    __slots__ = ("board", "draw", "owned", "source")
 
     def __init__(self, source: Iterator[Any], owned: bool) -> None:
+        self.board: SampleBoard | None = None  # nothing to read: a draw is the item
         self.source = source
         self.owned = owned
         self.draw: Callable[[], Any] = source.__next__
@@ -106,3 +112,8 @@ class IteratorTasks:
         batches or waits forever (:mod:`prefetch._torch.workers`).
         """
         return lost_a_worker(self.source)
+
+
+def reads_units(tasks: Tasks) -> TypeGuard[BoardTasks]:
+    """Whether ``tasks``'s draws are read unit by unit on a board (a DataLoader's batches)."""
+    return tasks.board is not None
