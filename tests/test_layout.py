@@ -27,7 +27,7 @@ PARTNERS = {("_shared/checkpointing.py", "_shared/wrapper.py")}
 """(reader, owner): modules that read each other's private names by design."""
 HOOKS = {"_idle_epoch", "_start_state", "_copied_to"}
 """Hooks LoaderWrapper declares: any wrapper may call them on the wrapper it wraps."""
-ITERATOR_HOOKS = {"_run"}
+ITERATOR_HOOKS = {"_launch"}
 """Hooks EpochIterator declares: the wrapper base calls them on the iterator it opens."""
 DECLARED = {"_runs_on_consumer_thread"}
 """Class attributes LoaderWrapper declares and a subclass overrides; any wrapper may read them."""

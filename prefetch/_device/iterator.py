@@ -141,12 +141,12 @@ class DeviceIterator(EpochIterator[T]):
         self._pending: deque[InFlight | Failure] = deque()
         self._ended = False  # the source raised StopIteration
         self._end_state: Any = None
-        self._left: int | None = None  # see _run
+        self._left: int | None = None  # see _launch
         self._releaser: weakref.finalize[Any, Any] | None = None
         self._release_and_keep: SourceRelease | None = None
         self._thread = threading.get_ident()  # the consumer's: iter() runs on it
 
-    def _run(
+    def _launch(
         self,
         source: Iterator[Any],
         record: EpochRecord,

@@ -8,7 +8,7 @@ An epoch starts in three named steps, all on the caller's thread:
 2. :meth:`~prefetch._shared.wrapper.LoaderWrapper._open_epoch`: the wrapper,
    the one place that opens epochs, calls ``iter()`` on the wrapped loader and
    starts an :class:`EpochRecord`;
-3. :meth:`EpochIterator._run`: the iterator runs the epoch over that source
+3. :meth:`EpochIterator._launch`: the iterator launches the epoch over that source
    (its threads, or its device queue) and registers the :class:`Stoppable`
    that stops it.
 
@@ -102,7 +102,7 @@ class EpochIterator(Iterator[T]):
 
     A subclass is made idle with the :data:`Opener` its wrapper gives it
     (stored as ``_opener``) and a placeholder record; its first ``next()``
-    calls :meth:`start`. It implements :meth:`_run`, :meth:`_finish` and
+    calls :meth:`start`. It implements :meth:`_launch`, :meth:`_finish` and
     :meth:`_is_over`.
     """
 
@@ -155,7 +155,7 @@ class EpochIterator(Iterator[T]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _run(
+    def _launch(
         self,
         source: Iterator[Any],
         record: EpochRecord,

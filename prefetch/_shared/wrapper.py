@@ -11,7 +11,7 @@ in :mod:`prefetch._shared.epoch`): it looks once for a distributed rank that
 reads everything, stops the older epochs of a source that has only one
 position, warns once about a used-up one-shot source, calls ``iter()`` on the
 wrapped loader, and only then has the iterator run the epoch
-(:meth:`~prefetch._shared.epoch.EpochIterator._run`). A wrapper runs ahead of
+(:meth:`~prefetch._shared.epoch.EpochIterator._launch`). A wrapper runs ahead of
 the training loop, so the wrapped loader's own ``state_dict()`` counts items
 the loop has not seen; each epoch therefore records the state right after
 each item it hands over (:class:`~prefetch._shared.epoch.EpochRecord`).
@@ -179,7 +179,7 @@ class LoaderWrapper:
         owned = source is not loader  # a one-shot iterator the user passed in stays open
         if carried:
             source = Resumed(carried, source)
-        iterator._run(
+        iterator._launch(
             source,
             record,
             owned=owned,

@@ -211,7 +211,7 @@ class Engine:
                 enter_fetch_thread(index, spec.seed, self.side.thread_count)
             if spec.setup is not None:
                 spec.setup()
-            final = Producer(self.side, held).run()
+            final = Producer(self.side, held).produce()
         except BaseException as error:  # our own failure: handed over, never dropped
             final = self.side.fail(error)
         finally:

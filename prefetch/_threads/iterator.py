@@ -51,7 +51,7 @@ T = TypeVar("T")
 EngineFactory = Callable[
     [Iterator[Any], EpochRecord, bool, bool, "Callable[[], Any] | None", "int | None"], Engine
 ]
-"""Makes an epoch's engine from what ``_run`` gets: source, record, owned, keep, read_state,
+"""Makes an epoch's engine from what ``_launch`` gets: source, record, owned, keep, read_state,
 expected."""
 
 
@@ -111,7 +111,7 @@ class BackgroundIterator(EpochIterator[T]):
         self._source_error_id: int | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
-    def _run(
+    def _launch(
         self,
         source: Iterator[Any],
         record: EpochRecord,

@@ -72,7 +72,7 @@ class Producer:
         self.slot = -1  # this thread's entry in stats.fetch_seconds (threads that read)
         self.post_every = 1  # items per post: one until the rate is known
 
-    def run(self) -> Final | None:
+    def produce(self) -> Final | None:
         """Read and draw until the epoch ends; return its final message, or ``None``."""
         side, shared, held = self.side, self.shared, self.held
         board = self.board_tasks.board if self.board_tasks is not None else None
