@@ -17,7 +17,7 @@ from prefetch._device import ops as device_ops
 from prefetch._device import prefetcher as cuda_prefetcher
 from prefetch._device.ops import DeviceOps, resolve_device
 
-from .processes import prefetch_threads
+from .processes import prefetch_threads, wait_until
 from .sources import Stateful
 
 pytestmark = pytest.mark.timeout(30)
@@ -319,8 +319,10 @@ class TestProtocolOnCpu:
         """Dropping an abandoned stacked iterator stops the thread."""
         iterator = iter(CudaPrefetcher(BackgroundLoader(range(1000)), device="cpu"))
         next(iterator)
+        (thread,) = prefetch_threads()
         del iterator
         gc.collect()
+        assert wait_until(lambda: not thread.is_alive(), 2.0, collect=False)
 
     def test_stats(self) -> None:
         """stats counts the batches of the latest epoch."""
