@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -395,3 +396,29 @@ class TestTheCheckFindsPlantedOffenders:
         ]
         assert not asserts(helper)
 
+
+class TestMutationConfig:
+    """``[tool.mutmut]`` in pyproject.toml names what exists (``make mutation`` reads it)."""
+
+    CONFIG = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["mutmut"]
+
+    @pytest.mark.parametrize("key", ["only_mutate", "do_not_mutate"])
+    def test_every_pattern_names_a_module(self, key: str) -> None:
+        """Each pattern matches a file: a module renamed or removed is noticed here."""
+        root = TESTS.parent
+        missing = [pattern for pattern in self.CONFIG[key] if not list(root.glob(pattern))]
+        assert missing == [], f"[tool.mutmut] {key} names no file: {missing}"
+
+    def test_every_selected_test_file_exists(self) -> None:
+        """The test files mutmut runs exist."""
+        selection = self.CONFIG["pytest_add_cli_args_test_selection"]
+        missing = [name for name in selection if not (TESTS.parent / name).is_file()]
+        assert selection and missing == []
+
+    def test_the_harness_is_loaded(self) -> None:
+        """mutmut's pytest runs load tests/mutation_harness.py (without it, stats fail)."""
+        arguments = self.CONFIG["pytest_add_cli_args"]
+        assert ["-p", "tests.mutation_harness"] in [
+            arguments[i : i + 2] for i in range(len(arguments) - 1)
+        ]
+        assert (TESTS / "mutation_harness.py").is_file()
