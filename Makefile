@@ -18,6 +18,8 @@ GPU_OUT ?= docs/benchmarks/gpu
 
 MUTATION_JOBS ?= 2
 MUTATION_FLOOR ?= 0
+# Mutant names or globs to check (empty: all), e.g. MUTANTS="prefetch._threads.tickets.*"
+MUTANTS ?=
 
 # The quick suite on the oldest torch the README claims and the newest on PyPI (test-torch-range).
 TORCH_RANGE ?= 2.6.0 2.15.0
@@ -61,10 +63,10 @@ gpu-check:  ## with a CUDA GPU: GPU tests + GPU benchmark (< 8 min) into GPU_OUT
 stress: $(STAMP)  ## long soak / stress run
 	PREFETCH_STRESS=full $(PY) -m pytest tests/test_stress.py -v $(PYTEST_ARGS)
 
-mutation: $(STAMP)  ## mutation check of the thread engine and device iterator (slow; not in CI)
+mutation: $(STAMP)  ## mutation check of the thread engine and device iterator (slow; not in CI; MUTANTS=globs)
 	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mutation]"
 	rm -rf mutants
-	$(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
+	$(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	$(PY) tools/mutation_report.py --min $(MUTATION_FLOOR)
 
 docs: $(STAMP)  ## build the HTML docs, warnings as errors

@@ -7,10 +7,8 @@ background job.
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -22,7 +20,7 @@ from .gil import (  # noqa: F401  (hooks and a fixture, found by name)
     pytest_terminal_summary,
     the_gil_stays_off,
 )
-from .processes import prefetch_threads
+from .processes import prefetch_threads, wait_until
 
 LEAK_GRACE_SECONDS = 3.0
 
@@ -41,10 +39,6 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def no_prefetch_thread_outlives_the_test() -> Iterator[None]:
     """Fail a test that leaves a ``prefetch-`` thread alive for more than a few seconds."""
     yield
-    deadline = time.monotonic() + LEAK_GRACE_SECONDS
-    while prefetch_threads():
-        if time.monotonic() > deadline:
-            names = [t.name for t in prefetch_threads()]
-            pytest.fail(f"prefetch threads outlived the test: {names}")
-        gc.collect()
-        time.sleep(0.02)
+    if not wait_until(lambda: not prefetch_threads(), LEAK_GRACE_SECONDS):
+        names = [t.name for t in prefetch_threads()]
+        pytest.fail(f"prefetch threads outlived the test: {names}")

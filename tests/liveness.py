@@ -57,6 +57,43 @@ def threads_blocked(engine: Engine) -> bool:
     return engine.snapshot().waiting_threads > 0
 
 
+def went_ahead(engine: Engine) -> bool:
+    """Whether the threads of ``engine`` went as far ahead as they may until the loop takes more.
+
+    True once every thread has left (the source ended), or every live thread
+    waits for a ticket and, without a byte budget, none is free. The figures
+    are read together under the engine's lock, and a thread woken by tickets
+    given back counts as waiting until it runs, but a ticket is free by then:
+    so a true answer is never stale. With ``max_bytes`` the byte room is not
+    in the figures: then only every thread waiting is required.
+    """
+    alive = sum(thread.is_alive() for thread in engine.threads)
+    figures = engine.snapshot()
+    if not alive:
+        return True
+    if figures.waiting_threads < alive:
+        return False
+    return figures.max_bytes is not None or figures.in_flight >= figures.depth + figures.threads - 1
+
+
+def wait_went_ahead(engine: Engine, timeout: float = 10.0) -> None:
+    """Wait until :func:`went_ahead`; after ``timeout`` s fail saying where the threads are."""
+    wait_for(lambda: went_ahead(engine), lambda: describe(engine), timeout, collect=False)
+
+
+def wait_read_ahead(iterator: Any, timeout: float = 10.0) -> None:
+    """Wait until the thread behind an epoch iterator read as far ahead as its bounds let it.
+
+    ``iterator`` is a ``BackgroundIterator``, or a ``DeviceIterator`` over one
+    (a ``CudaPrefetcher`` over a ``BackgroundLoader``). An epoch not started
+    yet (no ``next()``), or one with no thread, has nothing to wait for.
+    """
+    background = getattr(iterator, "_source", iterator)
+    engine = getattr(background, "_engine", None)
+    if isinstance(engine, Engine):
+        wait_went_ahead(engine, timeout)
+
+
 def describe(engine: Engine) -> str:
     """Say where the threads of ``engine`` stand and why, in words."""
     figures = engine.snapshot()
@@ -80,14 +117,19 @@ def describe(engine: Engine) -> str:
 
 
 def wait_for(
-    condition: Callable[[], bool], what: str | Callable[[], str], timeout: float = 10.0
+    condition: Callable[[], bool],
+    what: str | Callable[[], str],
+    timeout: float = 10.0,
+    *,
+    collect: bool = True,
 ) -> None:
     """Poll ``condition`` until true; after ``timeout`` s fail saying ``what`` (or ``what()``).
 
     ``what`` names what was awaited, or (a callable) describes the stuck part
-    at the moment of failing.
+    at the moment of failing. ``collect``: run the garbage collector between
+    polls (see :func:`~tests.processes.wait_until`).
     """
-    if not wait_until(condition, timeout, interval=0.002):
+    if not wait_until(condition, timeout, interval=0.002, collect=collect):
         text = what() if callable(what) else f"timed out waiting for {what}"
         pytest.fail(f"{text} after {timeout} s", pytrace=False)
 

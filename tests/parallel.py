@@ -90,7 +90,8 @@ class Gated(Dataset[torch.Tensor]):
     need not be index order; to free given indices, use ``only``.
 
     With ``only``, just the reads of those indices wait. ``started`` counts
-    reads begun, ``finished`` reads that returned.
+    reads begun, ``waiting`` reads waiting for the gate now, ``finished`` reads
+    that returned.
 
     ``limit`` fails a read that waited longer than the test allows, so a test
     that forgets to open the gate fails instead of hanging.
@@ -104,6 +105,7 @@ class Gated(Dataset[torch.Tensor]):
         self.only = only
         self.gate = threading.Event()
         self.started = 0
+        self.waiting = 0
         self.finished = 0
         self.limit = limit
         self._lock = threading.Lock()
@@ -115,9 +117,15 @@ class Gated(Dataset[torch.Tensor]):
         with self._lock:
             self.started += 1
             free = self.started <= self.free or (self.only is not None and index not in self.only)
-        if not free and not self.gate.wait(self.limit):
-            msg = f"Gated: read {index} waited more than {self.limit} s for the gate"
-            raise TimeoutError(msg)
+        if not free:
+            with self._lock:
+                self.waiting += 1
+            opened = self.gate.wait(self.limit)
+            with self._lock:
+                self.waiting -= 1
+            if not opened:
+                msg = f"Gated: read {index} waited more than {self.limit} s for the gate"
+                raise TimeoutError(msg)
         with self._lock:
             self.finished += 1
         return torch.tensor(index)
@@ -153,7 +161,7 @@ class Counted(Dataset[torch.Tensor]):
             if ahead > self.bound:
                 self.violations.append((self.started, self.consumed_calls))
         if index == 0:
-            time.sleep(0.05)
+            time.sleep(0.05)  # a slow read (latency, not a wait for a thread): see the docstring
         return torch.full((self.nbytes,), index, dtype=torch.uint8)
 
 

@@ -29,7 +29,7 @@ from prefetch._threads.loader import DEFAULT_MAX_BYTES
 from prefetch._threads.reports import REPORT_EVERY
 from prefetch._threads.thread_side import ThreadSide
 
-from .liveness import consume, engine_of
+from .liveness import consume, engine_of, wait_for
 from .processes import prefetch_threads, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -322,18 +322,15 @@ class TestMemoryBound:
         loader = BackgroundLoader([torch.zeros(MIB // 4)] * 10, depth=8, max_bytes=2 * MIB)
         it = iter(loader)
         next(it)
-        deadline = time.monotonic() + 5.0  # the producer fills the budget and blocks
         engine = engine_of(it)
 
         def blocked() -> bool:
             figures = engine.snapshot()
             return figures.waiting_threads > 0 and figures.in_flight == 2
 
-        while not blocked():
-            assert time.monotonic() < deadline, "the producer never filled the byte budget"
-            time.sleep(0.005)
-        time.sleep(0.05)  # blocked: it takes no third item (2 MiB: bytes, not depth 8)
-        assert blocked()
+        # Both figures are read under the engine's lock: a thread that waits for a ticket
+        # with 2 items in flight has decided against a third (2 MiB: bytes, not depth 8).
+        wait_for(blocked, "the producer to fill the byte budget (2 items) and wait", 5.0)
         started = time.monotonic()
         it.close()
         assert time.monotonic() - started < 1.0

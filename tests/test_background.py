@@ -20,6 +20,7 @@ from prefetch import BackgroundLoader
 from prefetch._threads.engine import Engine
 from prefetch._threads.thread_side import ThreadSide
 
+from .liveness import engine_of, wait_went_ahead
 from .processes import prefetch_threads, wait_until
 from .sources import Stateful
 from .torch_features import needs_all_threads_profiler
@@ -172,8 +173,9 @@ class TestDepth:
         """The source never runs more than depth items past what was received, and gets there."""
         source = Gauge(50)
         ahead: list[int] = []
-        for received, _item in enumerate(BackgroundLoader(source, depth=depth), start=1):
-            time.sleep(0.002)  # let the producer run as far ahead as it may
+        iterator = iter(BackgroundLoader(source, depth=depth))
+        for received, _item in enumerate(iterator, start=1):
+            wait_went_ahead(engine_of(iterator))  # the producer ran as far ahead as it may
             ahead.append(source.produced - received)
         assert max(ahead) == depth
         assert min(ahead) >= 0
@@ -190,8 +192,9 @@ class TestDepth:
 
         ThreadSide.post = spy  # type: ignore[method-assign]
         try:
-            for _ in BackgroundLoader(range(200), depth=depth):
-                time.sleep(0.0005)
+            iterator = iter(BackgroundLoader(range(200), depth=depth))
+            for _ in iterator:
+                wait_went_ahead(engine_of(iterator))  # the producer went as far as it may
         finally:
             ThreadSide.post = original  # type: ignore[method-assign]
         assert max(seen) == depth
@@ -278,8 +281,9 @@ class TestErrors:
         with pytest.raises(ValueError, match="bad item 9") as caught:
             for _ in loader:
                 pass
-        assert caught.value is not None  # the error (and its traceback) is still held
+        held = caught.value
         assert wait_until(lambda: not torch.multiprocessing.active_children(), 5, collect=False)
+        assert held.__traceback__ is not None  # the error and its frames were held meanwhile
 
     def test_dead_thread_raises_runtime_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """If the thread dies without a message, next() raises RuntimeError promptly."""
@@ -292,15 +296,17 @@ class TestErrors:
 
 
 class Stuck:
-    """A source whose second ``next()`` blocks until released."""
+    """A source whose second ``next()`` blocks until released; ``entered`` says it is there."""
 
     def __init__(self) -> None:
+        self.entered = threading.Event()
         self.release = threading.Event()
         self.finished = threading.Event()
 
     def __iter__(self) -> Iterator[int]:
         try:
             yield 0
+            self.entered.set()
             self.release.wait(20)
             yield 1
         finally:
@@ -354,7 +360,7 @@ class TestShutdown:
         source = Stuck()
         it = iter(BackgroundLoader(source, depth=2))
         assert next(it) == 0
-        time.sleep(0.05)  # the producer is now inside the blocked next()
+        assert source.entered.wait(10), "the producer never asked the source for item 1"
         started = time.monotonic()
         it.close()
         assert time.monotonic() - started < 1.0
@@ -397,8 +403,11 @@ class Source:
 
 iterator = iter(BackgroundLoader(Source(), depth=2))
 next(iterator)
-time.sleep(0.1)  # the producer now waits for space; the iterator is never closed
-print("exiting", flush=True)
+deadline = time.monotonic() + 30
+while not iterator._engine.snapshot().waiting_threads:  # until the producer waits for space
+    assert time.monotonic() < deadline, "the producer never filled the buffer"
+    time.sleep(0.002)
+print("exiting", flush=True)  # the iterator is never closed
 """
 
 
@@ -557,7 +566,7 @@ class TestCheckpoint:
         it = iter(loader)
         for _ in range(stop_after):
             consumed.append(next(it))
-        time.sleep(0.02)  # let the thread run ahead
+        wait_went_ahead(engine_of(it))  # the thread ran ahead as far as it may
         state = loader.state_dict()
         loader.close()
         fresh = BackgroundLoader(Stateful(20), depth=depth)

@@ -12,7 +12,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,8 @@ from benchmarks.jpeg_variants import LABELS, QUICK, SETTINGS, Variant, available
 from benchmarks.memory import PssSampler, pss_kib, tree_of
 from benchmarks.parallel_child import LEARNED
 from benchmarks.report import write_all
+
+from .processes import wait_until
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 LINUX_PROC = Path("/proc/self/smaps_rollup").exists()
@@ -43,15 +44,21 @@ import subprocess, sys, time
 block = bytearray(int(sys.argv[1]) * 2**20)
 block[::4096] = b"x" * len(block[::4096])  # touch every page
 if len(sys.argv) > 2:  # start a grandchild holding argv[2] MiB, until stdin closes
-    child = subprocess.Popen([sys.executable, "-c", HOLD_SOURCE, sys.argv[2]])
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SOURCE, sys.argv[2]], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "ready"  # the grandchild touched its pages
     print("ready", flush=True)
     sys.stdin.readline()
     child.kill()
     child.wait()
 else:
-    time.sleep(60)
+    print("ready", flush=True)
+    time.sleep(60)  # holds its pages until its parent kills it
 """
-"""A process holding argv[1] touched MiB; with argv[2], also a child holding argv[2] MiB."""
+"""A process holding argv[1] touched MiB; with argv[2], also a child holding argv[2] MiB.
+
+It prints ``ready`` once every page of both is touched."""
 
 
 def hold_command(mib: int, child_mib: int) -> list[str]:
@@ -74,20 +81,18 @@ class TestMemory:
         )
         try:
             assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
-            deadline = time.monotonic() + 30
-            while len(tree_of(holder.pid)) < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            time.sleep(0.5)  # the grandchild touches its pages
+            assert len(tree_of(holder.pid)) == 2  # both hold their touched pages now
             sampler = PssSampler(holder.pid)
             sampler.start()
-            time.sleep(0.3)
-            sampler.stop()
+            try:
+                assert wait_until(lambda: sampler.samples >= 2, 30.0, collect=False)
+            finally:
+                sampler.stop()
         finally:
             holder.communicate("\n", timeout=30)
-        assert sampler.samples >= 2
         assert sampler.processes == 2
         assert sampler.peak_kib >= (64 + 48) * 1024
-        assert sampler.cpu_seconds >= 0.0
+        assert sampler.cpu_seconds > 0.0  # it reads /proc files: its own CPU time shows
 
     def test_pss_of_a_missing_process_is_none(self) -> None:
         """A pid that is gone reads as None (skipped by the sampler), never an error."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import gc
+import queue
+import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,6 +14,8 @@ import pytest
 
 from prefetch import compat
 
+from . import liveness
+from .liveness import engine_of, wait_for
 from .processes import prefetch_threads, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -31,17 +34,30 @@ def drain_original(generator: Any) -> None:
         generator.join(0.01)
 
 
-def settled(counter: list[int], quiet: float = 0.2, limit: float = 10.0) -> int:
-    """Return ``counter[0]`` once it has not changed for ``quiet`` seconds."""
-    deadline = time.monotonic() + limit
-    last, since = counter[0], time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.01)
-        if counter[0] != last:
-            last, since = counter[0], time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return last
-    raise AssertionError(f"the producer never settled (at {counter[0]})")
+def waits_in_put(original: Any) -> bool:
+    """Whether the original's thread waits inside ``Queue.put`` of its full queue.
+
+    Its queue cannot empty while the test takes nothing, so it waits there for good.
+    """
+    frame = sys._current_frames().get(original.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "put" and frame.f_code.co_filename == queue.__file__:
+            return bool(original.queue.full())
+        frame = frame.f_back
+    return False
+
+
+def went_ahead(generator: Any) -> bool:
+    """Whether the producer of ``generator`` (either implementation) went as far as it may."""
+    if isinstance(generator, compat.BackgroundGenerator):
+        return liveness.went_ahead(engine_of(generator))
+    return waits_in_put(generator)
+
+
+def settled(generator: Any, counter: list[int]) -> int:
+    """Return ``counter[0]`` once the producer of ``generator`` went as far ahead as it may."""
+    wait_for(lambda: went_ahead(generator), "the producer to wait for room", collect=False)
+    return counter[0]
 
 
 class TestSameBehaviour:
@@ -96,9 +112,9 @@ class TestSameBehaviour:
                     yield i
 
             generator = cls(source(), max_prefetch=max_prefetch)
-            first = settled(produced)
+            first = settled(generator, produced)
             assert next(generator) == 0
-            second = settled(produced) - 1
+            second = settled(generator, produced) - 1
             leads[name] = (first, second)
             list(generator)
         expected = (max_prefetch + 1, max_prefetch + 1)
@@ -173,8 +189,8 @@ class TestWhereTheOriginalFails:
             if item == 2:
                 break
         gc.collect()
-        time.sleep(0.1)
-        assert original.is_alive()  # leaked: blocked in queue.put forever
+        # leaked: its thread waits in queue.put for good (the wait fails if it never does)
+        wait_for(lambda: waits_in_put(original), "the original's thread to wait in put()")
         drain_original(original)
 
         ours = compat.BackgroundGenerator(iter(range(100)), max_prefetch=1)

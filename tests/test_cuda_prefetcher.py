@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import time
 from collections import OrderedDict, namedtuple
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from prefetch._device import ops as device_ops
 from prefetch._device import prefetcher as cuda_prefetcher
 from prefetch._device.ops import DeviceOps, resolve_device
 
-from .processes import prefetch_threads
+from .processes import prefetch_threads, wait_until
 from .sources import Stateful
 
 pytestmark = pytest.mark.timeout(30)
@@ -319,8 +320,10 @@ class TestProtocolOnCpu:
         """Dropping an abandoned stacked iterator stops the thread."""
         iterator = iter(CudaPrefetcher(BackgroundLoader(range(1000)), device="cpu"))
         next(iterator)
+        (thread,) = prefetch_threads()
         del iterator
         gc.collect()
+        assert wait_until(lambda: not thread.is_alive(), 2.0, collect=False)
 
     def test_stats(self) -> None:
         """stats counts the batches of the latest epoch."""
@@ -328,6 +331,24 @@ class TestProtocolOnCpu:
         list(loader)
         assert loader.stats.items == 7
         assert loader.stats.wait_seconds >= 0 and "7 items" in loader.stats.summary()
+
+    def test_stats_sum_every_read_and_wait(self) -> None:
+        """Each read's time adds to source_seconds and the loop's wait; the epoch ends stamped."""
+
+        def slow() -> Iterator[int]:
+            for index in range(3):
+                time.sleep(0.02)  # a read of known length (latency, not a wait for a thread)
+                yield index
+
+        loader = CudaPrefetcher(slow(), device="cpu")
+        started = time.perf_counter()
+        assert list(loader) == [0, 1, 2]
+        elapsed = time.perf_counter() - started
+        stats = loader.stats
+        assert 3 * 0.02 <= stats.source_seconds <= elapsed  # every read counted, once
+        assert 3 * 0.02 <= stats.wait_seconds <= elapsed  # on the CPU the loop waits for each
+        assert stats.last_handoff is not None and stats.finished is not None
+        assert stats.finished >= stats.last_handoff
 
     def test_stacked_on_multiworker_dataloader(self) -> None:
         """The one-line stack over DataLoader(num_workers=2) delivers every batch."""
@@ -342,8 +363,45 @@ def test_module_layout() -> None:
     assert cuda_prefetcher.device_ops is device_ops
 
 
+class CountsCalls:
+    """A stateful loader whose state counts ``next()`` calls, the one that ends it included."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+
+    def __iter__(self) -> Iterator[int]:
+        self.calls = 0
+        return self
+
+    def __next__(self) -> int:
+        self.calls += 1
+        if self.calls > self.n:
+            raise StopIteration
+        return self.calls - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.calls = state["calls"]
+
+
 class TestCheckpoint:
     """state_dict counts only batches handed over, through both wrappers."""
+
+    @pytest.mark.parametrize("stacked", [False, True])
+    def test_the_state_at_the_end_is_read_after_stop_iteration(self, stacked: bool) -> None:
+        """After the last batch the state is the source's; at the end, the one after its end."""
+        source: Any = CountsCalls(4)
+        if stacked:
+            source = BackgroundLoader(source, depth=2)
+        loader = CudaPrefetcher(source, device="cpu", depth=2)
+        iterator = iter(loader)
+        assert [next(iterator) for _ in range(4)] == [0, 1, 2, 3]
+        assert loader.state_dict() == {"calls": 4}
+        assert list(iterator) == []
+        assert loader.state_dict() == {"calls": 5}
 
     @pytest.mark.parametrize("depth", [1, 3])
     @pytest.mark.parametrize("stacked", [False, True])

@@ -176,6 +176,8 @@ def dump_and_kill(proc: subprocess.Popen[str]) -> str:
     """Make a running script dump its threads' stacks (SIGUSR1), kill it, return its stderr."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGUSR1)
+        # Diagnostics of a test that already failed: the dump goes to the stderr pipe that
+        # communicate() reads only after the kill, so there is no line to wait for here.
         time.sleep(0.5)
         kill_session(proc.pid)
     try:
@@ -201,7 +203,7 @@ def drive_sigint(kind: str, rounds: int) -> str:
     try:
         assert reader.wait_for("ready", timeout=90), f"{kind}: script did not start"
         for round_index in range(rounds):
-            time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(rng.uniform(0.0, 0.3))  # a random moment of the loop: the point of the test
             interrupted = None
             for _attempt in range(SIGINT_ATTEMPTS):
                 proc.send_signal(signal.SIGINT)
@@ -226,7 +228,7 @@ def drive_sigint(kind: str, rounds: int) -> str:
             assert int(got_round) == round_index and int(leaked) <= int(known), (
                 f"{kind}: {line} {''.join(reader.other[-6:])}"
             )
-        time.sleep(rng.uniform(0.0, 0.3))
+        time.sleep(rng.uniform(0.0, 0.3))  # as above: a random moment, not a wait for a state
         started = time.monotonic()
         exited = False
         for _attempt in range(SIGINT_ATTEMPTS):

@@ -60,6 +60,7 @@ def test_turn_the_gil_on() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "the GIL has been enabled to load ..."
         pytest.importorskip("triton")
+    assert gil_enabled(), "importing triton did not turn the GIL on: nothing to demonstrate"
 
 
 @needs_free_threading

@@ -104,6 +104,18 @@ class TestSeveralIterators:
         rest = [head, *second]
         assert rest == sorted(rest) and set(rest) <= set(range(1, 10)) and rest[-1] == 9
 
+    @pytest.mark.parametrize("stack", STACKS)
+    def test_one_shot_source_finished_iterator_just_ends(self, stack: str) -> None:
+        """An older iterator that already reached the end is not told why: it just ends."""
+        loader = STACKS[stack](iter(range(3)))
+        first = iter(loader)
+        assert list(first) == [0, 1, 2]
+        second = iter(loader)
+        with pytest.warns(UserWarning, match="consumed by an earlier epoch"):
+            assert list(second) == []  # the newer epoch starts and stops the older one
+        with pytest.raises(StopIteration):
+            next(first)
+
     @pytest.mark.parametrize("stack", ["background", "cuda(background)", "cuda"])
     def test_persistent_workers_older_iterator_says_why(self, stack: str) -> None:
         """With persistent workers a new iter() makes the older raise RuntimeError."""

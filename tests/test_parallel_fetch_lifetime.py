@@ -26,7 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from prefetch import BackgroundLoader
 from prefetch._threads.engine import Engine
 
-from .liveness import begin, engine_of, wait_for
+from .liveness import begin, engine_of, wait_for, wait_went_ahead
 from .parallel import (
     THREAD_COUNTS,
     Abort,
@@ -72,8 +72,8 @@ class TestStopWhileBlockedInARead:
         loader = BackgroundLoader(DataLoader(dataset), depth=4, fetch_threads=threads)
         try:
             held = [begin(iter(loader))]
-            wait_for(lambda: dataset.started == threads, f"{threads} reads to start")
-            time.sleep(0.05)  # room for a read beyond one per thread, which must not come
+            wait_for(lambda: dataset.waiting == threads, f"{threads} reads to wait at the gate")
+            # Every thread is inside a read that waits for the gate: none can begin another.
             assert dataset.started == threads
             started = time.monotonic()
             stop(held, loader, how)
@@ -207,10 +207,11 @@ class TestFirstRound:
 def check_bound(loader: BackgroundLoader[Any], dataset: Counted, bound: int) -> None:
     """Consume slowly, letting the threads fill up; no read may begin beyond ``bound``."""
     iterator = begin(iter(loader))
+    engine = engine_of(iterator)
     for _ in range(dataset.size):
         wanted = min(dataset.consumed_calls + bound, dataset.size)
         wait_for(lambda: dataset.started >= wanted, f"{wanted} reads to start")  # noqa: B023
-        time.sleep(0.002)  # a read beyond the bound would start now
+        wait_went_ahead(engine)  # the threads went as far as they may: no read can begin now
         dataset.consumed_calls += 1
         next(iterator)
     with pytest.raises(StopIteration):

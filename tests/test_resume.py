@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import io
 import random
-import time
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
+from .liveness import wait_read_ahead
 from .processes import settle
 
 ITEMS = 40
@@ -72,7 +72,7 @@ def check_resume(
     fresh: bool = True,
     stacked: bool = False,
     epochs_before: int = 0,
-    run_ahead: float = 0.0,
+    run_ahead: bool = False,
 ) -> None:
     """Consume ``point`` batches, checkpoint, resume; assert consumed + resumed == full epoch."""
 
@@ -93,7 +93,7 @@ def check_resume(
     iterator = iter(loader)
     consumed = keys([next(iterator) for _ in range(point)])
     if run_ahead:
-        time.sleep(run_ahead)  # let the thread prefetch past the checkpoint
+        wait_read_ahead(iterator)  # the thread prefetched past the checkpoint, as far as it may
     state = round_trip(loader.state_dict())
     if fresh:
         iterator.close()
@@ -189,9 +189,9 @@ class TestResumeWorkers:
         cases = [(1, 0), (8, BATCHES), (2, BATCHES - 1)]
         cases += [(rng.choice([1, 2, 3, 4, 6, 8]), rng.randrange(BATCHES + 1)) for _ in range(6)]
         for depth, point in cases:
-            check_resume(2, depth, point, fresh=True, run_ahead=0.05)
+            check_resume(2, depth, point, fresh=True, run_ahead=True)
         for depth, point in cases[:3]:
-            check_resume(2, depth, point, fresh=False, run_ahead=0.05)
+            check_resume(2, depth, point, fresh=False, run_ahead=True)
         assert settle(10.0) == ([], [])
         print(f"num_workers=2: resumed at {len(cases) + 3} (depth, point) pairs: {cases}")
 
@@ -200,5 +200,5 @@ class TestResumeWorkers:
     def test_shuffled_with_workers(self) -> None:
         """Shuffled, second epoch, 2 workers: resume exactly at a few points."""
         for depth, point in ((2, 5), (8, 13)):
-            check_resume(2, depth, point, shuffle=True, epochs_before=1, run_ahead=0.05)
+            check_resume(2, depth, point, shuffle=True, epochs_before=1, run_ahead=True)
         assert settle(10.0) == ([], [])

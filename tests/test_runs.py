@@ -9,7 +9,6 @@ in the middle of a run all hold with them.
 from __future__ import annotations
 
 import gc
-import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +21,7 @@ from prefetch import BackgroundLoader
 from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.thread_side import ThreadSide
 
-from .liveness import consume
+from .liveness import consume, engine_of, wait_went_ahead
 from .processes import prefetch_threads, wait_until
 
 
@@ -109,7 +108,7 @@ class TestResume:
         loader = BackgroundLoader(StatefulDataLoader(list(range(200)), batch_size=None), depth=64)
         iterator = iter(loader)
         head = [int(next(iterator)) for _ in range(taken)]
-        time.sleep(0.01)  # let the thread read as far ahead as it may
+        wait_went_ahead(engine_of(iterator))  # the thread read as far ahead as it may
         state = loader.state_dict()
         iterator.close()
         loader.load_state_dict(state)

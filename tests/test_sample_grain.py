@@ -181,9 +181,8 @@ class TestBounds:
         iterator = iter(loader)
         try:
             begin(iterator)  # start it without next(), which would wait for the gate
-            wait_for(lambda: data.started == 4, "4 reads to start")
-            time.sleep(0.05)
-            assert data.started == 4  # one read per thread, each blocked
+            wait_for(lambda: data.waiting == 4, "4 reads to wait at the gate")
+            assert data.started == 4  # one read per thread, each blocked: none begins another
             started = time.monotonic()
             if how == "close":
                 iterator.close()

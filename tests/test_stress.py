@@ -24,6 +24,7 @@ from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._shared.wrapper import one_iterator_reason
 
 from .errors import make_errors
+from .liveness import wait_read_ahead
 from .processes import (
     live_child_pids,
     os_thread_count,
@@ -425,18 +426,18 @@ class TestLiveBatches:
 
     @staticmethod
     def _consume(loader: Any, refs: list[weakref.ref[Any]], bound: int) -> int:
-        """Iterate slowly (so the producer fills up) and return the peak of live batches."""
+        """Iterate, letting the producer fill up at each batch; return the peak of live batches."""
         peak = 0
         checks = 0
-        for batch in loader:
+        iterator = iter(loader)
+        for batch in iterator:
             assert batch is not None
-            for _ in range(3):
-                time.sleep(0.002)  # let the producer run ahead as far as it may
-                live = count_live(refs)
-                peak = max(peak, live)
-                checks += 1
-                assert live <= bound, f"{live} batches alive, bound {bound}"
+            wait_read_ahead(iterator)  # the producer ran ahead as far as it may
+            live = count_live(refs)
+            peak = max(peak, live)
+            checks += 1
+            assert live <= bound, f"{live} batches alive, bound {bound}"
         assert checks > 0
-        del batch
+        del batch, iterator
         assert wait_until(lambda: count_live(refs) == 0, 3.0)
         return peak

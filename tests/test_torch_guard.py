@@ -10,6 +10,7 @@ that one fails its test instead of ending the session.
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -26,9 +27,32 @@ from prefetch._torch import worker_pids as torch_guard
 from prefetch._torch.worker_pids import GUARDED, guard_worker_pids
 
 from .gil import FREE_THREADED, gil_enabled
+from .liveness import wait_for
 from .subprocesses import ROOT, subprocess_env
 
 GIL_OFF = FREE_THREADED and not gil_enabled()
+GUARD_LINE = next(
+    number
+    for number, line in enumerate(
+        inspect.getsourcelines(torch_guard._guarded)[0],
+        torch_guard._guarded.__code__.co_firstlineno,
+    )
+    if line.strip() == "with _LOCK:"
+)
+"""The line of the guard's wrappers where a call waits for the lock."""
+
+
+def waits_for_the_guard(thread: threading.Thread) -> bool:
+    """Whether ``thread`` waits to take the guard's lock, in a wrapper's ``with`` line."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename == torch_guard.__file__ and code.co_name == "call_locked":
+            return frame.f_lineno == GUARD_LINE
+        frame = frame.f_back
+    return False
+
+
 needs_gil_off = pytest.mark.skipif(not GIL_OFF, reason="needs the GIL off (make test-ft)")
 needs_gil_on = pytest.mark.skipif(GIL_OFF, reason="the GIL is off: the guard is installed")
 
@@ -131,7 +155,12 @@ class TestGilOff:
         with torch_guard._LOCK:
             thread = threading.Thread(target=check, name="test-guarded-call")
             thread.start()
-            assert not done.wait(0.2), "the call did not wait for the lock"
+            wait_for(
+                lambda: waits_for_the_guard(thread) or done.is_set(),
+                "the call to reach the guard's lock",
+                collect=False,
+            )
+            assert not done.is_set(), "the call did not wait for the lock"
         assert done.wait(10)
         thread.join(10)
 

@@ -45,13 +45,19 @@ def rate(counts: Counter[str]) -> float:
     return 100.0 * counts["killed"] / checked if checked else 0.0
 
 
+def shown_rate(counts: Counter[str]) -> str:
+    """The rate as the table shows it: ``-`` where no mutant was checked (a partial run)."""
+    return f"{rate(counts):5.1f}%" if counts["killed"] + counts["survived"] else "     -"
+
+
 def main() -> int:
     """Print the table; return 1 below the floor."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min", type=float, default=0.0, help="fail below this kill rate (%%)")
     parser.add_argument("--mutants", type=Path, default=Path("mutants"))
     args = parser.parse_args()
-    metas = sorted(args.mutants.glob("prefetch/*.py.meta"))
+    package = args.mutants / "prefetch"
+    metas = sorted(package.rglob("*.py.meta"))  # prefetch/_threads/engine.py.meta, ...
     if not metas:
         print(f"no mutation results under {args.mutants}/: run `make mutation` first")
         return 1
@@ -59,15 +65,17 @@ def main() -> int:
     print(f"{'module':32} {'mutants':>7} {'killed':>6} {'survived':>8} {'rate':>6}")
     for meta in metas:
         counts = module_counts(meta)
+        if not counts:
+            continue  # a module with nothing to mutate (an __init__.py)
         total += counts
-        name = meta.name.removesuffix(".meta")
+        name = meta.relative_to(package).as_posix().removesuffix(".meta")
         print(
             f"{name:32} {sum(counts.values()):7} {counts['killed']:6} "
-            f"{counts['survived']:8} {rate(counts):5.1f}%"
+            f"{counts['survived']:8} {shown_rate(counts)}"
         )
     print(
         f"{'all':32} {sum(total.values()):7} {total['killed']:6} "
-        f"{total['survived']:8} {rate(total):5.1f}%"
+        f"{total['survived']:8} {shown_rate(total)}"
     )
     if total["unchecked"]:
         print(f"{total['unchecked']} mutants not checked yet (interrupted run): not in the rate")
