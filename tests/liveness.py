@@ -61,19 +61,17 @@ def went_ahead(engine: Engine) -> bool:
     """Whether the threads of ``engine`` went as far ahead as they may until the loop takes more.
 
     True once every thread has left (the source ended), or every live thread
-    waits for a ticket and, without a byte budget, none is free. The figures
-    are read together under the engine's lock, and a thread woken by tickets
-    given back counts as waiting until it runs, but a ticket is free by then:
-    so a true answer is never stale. With ``max_bytes`` the byte room is not
-    in the figures: then only every thread waiting is required.
+    waits for a ticket and none is free (the depth, the byte budget, or the
+    end's gate: the draw past a sized source's last item waits for the loop).
+    The figures are read together under the engine's lock, and a thread woken
+    by tickets given back counts as waiting until it runs, but a ticket is
+    free by then: so a true answer is never stale.
     """
     alive = sum(thread.is_alive() for thread in engine.threads)
     figures = engine.snapshot()
     if not alive:
         return True
-    if figures.waiting_threads < alive:
-        return False
-    return figures.max_bytes is not None or figures.in_flight >= figures.depth + figures.threads - 1
+    return figures.waiting_threads >= alive and figures.free == 0
 
 
 def wait_went_ahead(engine: Engine, timeout: float = 10.0) -> None:

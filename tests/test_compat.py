@@ -50,7 +50,7 @@ def waits_in_put(original: Any) -> bool:
 def went_ahead(generator: Any) -> bool:
     """Whether the producer of ``generator`` (either implementation) went as far as it may."""
     if isinstance(generator, compat.BackgroundGenerator):
-        return liveness.went_ahead(engine_of(generator))
+        return liveness.went_ahead(engine_of(generator._iterator))  # the loader epoch inside
     return waits_in_put(generator)
 
 

@@ -39,10 +39,12 @@ ASSERTING_HELPERS = {
     "run_concurrently",
     "assert_session_empty",
     "check_epoch",
+    # tests/same_training.py: names the first step where plain and wrapped differ
+    "assert_same_steps",
 }
 """Functions a test may leave its assertions to, called by name; each must assert (checked)."""
 
-ASSERTING_METHODS = {"_consume"}
+ASSERTING_METHODS = {"_consume", "resume_as_plain"}
 """Methods of a test class a test may leave its assertions to (``self._consume(...)``)."""
 
 ALLOWED_PLAIN_CALLS = {"raises", "warns", "fail", "deprecated_call"}

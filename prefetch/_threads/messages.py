@@ -145,6 +145,8 @@ class Snapshot(NamedTuple):
     """Items and messages posted (in order or not) and not taken yet."""
     waiting_threads: int
     """Threads blocked waiting for a ticket."""
+    free: int
+    """Tickets a thread may take now (the depth, the byte budget and the end's gate allowing)."""
     fetched: int
     """Items posted, in all."""
     max_bytes: int | None

@@ -126,6 +126,7 @@ class Shared:
                 ready=self.handover.ready(),
                 posted=self.handover.posted(),
                 waiting_threads=self.waiting,
+                free=tickets.free(),
                 fetched=self.fetched,
                 max_bytes=self.max_bytes,
                 buffered_bytes=tickets.buffered_bytes,
