@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
+from prefetch._shared.facts import LoaderFacts
 from prefetch._shared.interrupted_start import forget_interrupted_start
 from prefetch._shared.passthrough import set_epoch_on, warn_consumed, why_unsized
 from prefetch._shared.stateful import read_state
@@ -105,6 +106,9 @@ class LoaderWrapper:
         self._parallel_fetch_available: bool = (
             isinstance(loader, LoaderWrapper) and loader._parallel_fetch_available
         )
+        self._facts: LoaderFacts = (
+            loader._facts if isinstance(loader, LoaderWrapper) else LoaderFacts.of(loader)
+        )
 
     def __iter__(self) -> EpochIterator[Any]:
         """Return an idle epoch: nothing runs until it starts (:mod:`~prefetch._shared.epoch`)."""
@@ -158,6 +162,7 @@ class LoaderWrapper:
         last = self._epochs.last
         record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
         record.stats.parallel_fetch_available = self._parallel_fetch_available
+        record.stats.facts = self._facts
         owned = source is not loader  # a one-shot iterator the user passed in stays open
         iterator._run(source, record, owned=owned, read_state=self._state_reader())
         self._epoch = record
