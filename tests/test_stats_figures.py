@@ -74,13 +74,19 @@ class Script:
         self.loads, self.clock = loads, clock
         self.entered = [threading.Event() for _ in loads]
         self.iterator: Any = None  # the epoch's iterator, once started
+        self.engine: Any = None  # and its engine
+
+    def start(self, iterator: Any) -> None:
+        """Start the epoch of ``iterator`` (over this source); the source may look at it now."""
+        self.engine = engine_of(iterator)
+        self.iterator = iterator
 
     def waiting_for(self, index: int) -> bool:
         """Whether the loop waits inside next() for item ``index``."""
-        it = self.iterator
+        it, engine = self.iterator, self.engine
         if it is None:
             return False
-        return bool(it.stats.items == index and engine_of(it).shared.consumer_waiting)
+        return bool(it.stats.items == index and engine.shared.consumer_waiting)
 
     def __iter__(self) -> Iterator[int]:
         for index, load in enumerate(self.loads):
@@ -94,8 +100,8 @@ class Script:
 
 def run(script: Script, loader: BackgroundLoader[Any], steps: list[float], clock: FakeClock) -> Any:
     """The loop: take each item, let the source enter its next draw, then step."""
-    script.iterator = iterator_ = iter(loader)
-    engine_of(iterator_)  # started: the source may look at the engine
+    iterator_ = iter(loader)
+    script.start(iterator_)
     for index, step in enumerate(steps):
         assert next(iterator_) == index
         assert script.entered[index + 1].wait(5), f"the source never drew after item {index}"
@@ -158,8 +164,8 @@ class TestWaitAndElapsed:
             raise ValueError("bad record")
 
         loader = BackgroundLoader(failing(), depth=1)
-        script.iterator = it = iter(loader)
-        engine_of(it)
+        it = iter(loader)
+        script.start(it)
         assert next(it) == 0
         with pytest.raises(ValueError, match="bad record"):
             next(it)
@@ -200,6 +206,8 @@ class TestBuffer:
         assert list(loader) == list(range(10))
         figures = loader.stats
         assert (figures.depth, figures.peak_depth, figures.depth_events) == (3, 3, [])
+        assert (figures.fetch_threads, figures.peak_fetch_threads) == (1, 1)  # its one thread
+        assert (figures.fetch_seconds, figures.thread_events) == ([], [])
 
     def test_peak_bytes_and_items_of_a_full_buffer(self) -> None:
         """Four 1 KiB tensors posted and not taken: 4 items, 4096 bytes, at most."""

@@ -123,7 +123,8 @@ class LoaderStats:
     of such items; counted only when a byte limit applies).
 
     With parallel fetch (``fetch_threads``) it also reports the threads:
-    ``fetch_threads`` (now) and ``peak_fetch_threads``, ``thread_events``
+    ``fetch_threads`` (now; 1 for a ``BackgroundLoader`` without parallel
+    fetch, whose one thread loads) and ``peak_fetch_threads``, ``thread_events``
     (each change of ``fetch_threads="auto"`` and why), ``fetch_seconds``
     (seconds each thread spent reading samples, one entry per thread started),
     ``fetch_reads`` (reads each thread made: samples, or ``__getitems__``
