@@ -21,7 +21,9 @@ Workloads:
   a million file names, next to threads;
 * ``purepy`` - pure-Python loading (parsing text records, ~2 ms per sample):
   ``fetch_threads`` against worker processes, on this interpreter and on a
-  free-threaded CPython (``.venv-ft`` or ``PYTHON_FT``) when there is one.
+  free-threaded CPython (``.venv-ft`` or ``PYTHON_FT``) when there is one;
+* ``advice`` - one row per scenario of the diagnosing page: the setting
+  ``summary()`` names against the other candidates, side by side.
 
 Every configuration runs several times, interleaved, and the reports give
 medians and medians of per-repeat ratios. Results go to ``runs/bench/`` (ignored
@@ -47,5 +49,6 @@ WORKLOADS = (
     "jpeg",
     "cow",
     "purepy",
+    "advice",
 )
 """Workload names, in the order they run."""

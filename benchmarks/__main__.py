@@ -72,6 +72,7 @@ WORKLOAD_EXTRAS: dict[str, tuple[str, ...]] = {
     "jpeg": ("numpy", "pillow", *PLOTS),  # writes and decodes the JPEG files
     "cow": ("numpy", "pillow", *PLOTS),  # its child processes import the jpeg dataset
     "purepy": ("numpy", "pillow", *PLOTS),  # it imports the jpeg workload's variants
+    "advice": PLOTS,  # torch only (accelerate, if installed, for its prepared-loader row)
 }
 """The distributions of :data:`BENCH_EXTRA` each workload needs; a run checks only those of the
 workloads it runs (``--workloads gpu`` runs where ``prefetch_generator`` is not installed)."""

@@ -163,7 +163,7 @@ def run(config: Config) -> WorkloadResult:
             "Both sides sleep (release the GIL). Ideal = max(total read, total step) measured "
             "in the plain run of each repeat; 'vs ideal' is the median over repeats of ideal / "
             "epoch time (1.00 = ideal). Peak items: most items produced and not yet consumed "
-            "at once (BackgroundLoader.stats.peak_items, the item being read included). "
+            "at once (BackgroundLoader.stats.peak_items; the item being read is not one). "
             f"Throughput-bound rows: {batches} batches with seeded log-normal reads "
             f"(sigma={SIGMA}) of mean {THROUGHPUT_STEPS:g} steps, ideal from their own plain "
             "run. 1 MiB items: the bursty pattern, each item carrying torch.zeros(262144), "

@@ -10,6 +10,7 @@ and the training loop, ``len(loader)`` and ``loader.set_epoch(e)`` keep working.
 from prefetch._device.iterator import DeviceIterator
 from prefetch._device.normalize import Normalize
 from prefetch._device.prefetcher import CudaPrefetcher
+from prefetch._shared.facts import LoaderFacts
 from prefetch._shared.stateful import NotStatefulError, Stateful
 from prefetch._shared.stats import DepthEvent, LoaderStats, ThreadEvent
 from prefetch._shared.totals import TotalStats
@@ -30,6 +31,7 @@ __all__ = [
     "DepthEvent",
     "DeviceIterator",
     "FetchInfo",
+    "LoaderFacts",
     "LoaderStats",
     "LoaderTimeoutError",
     "Normalize",

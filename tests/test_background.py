@@ -608,9 +608,9 @@ class TestStats:
         assert stats.items == 5
         assert stats.source_seconds >= 0.09
         assert stats.wait_seconds > 0.05  # the loop took no time: it waited for ~0.1 s of reads
-        # elapsed ends at the last item; the wait for the end of the data after it is in
-        # wait_seconds (LoaderStats says so), so only the fraction is at most 1
-        assert 0 < stats.wait_fraction <= 1
+        # elapsed ends at the last item; the wait for the end of the data after it is
+        # end_wait_seconds, so the waits counted are within the epoch's time
+        assert 0 < stats.wait_fraction <= 1 and stats.wait_seconds <= stats.elapsed_seconds
         assert "waited" in stats.summary() and "5 items" in stats.summary()
 
     def test_fast_source_barely_waits(self) -> None:
@@ -664,6 +664,7 @@ def test_public_api_is_explicit() -> None:
         "DepthEvent",
         "DeviceIterator",
         "FetchInfo",
+        "LoaderFacts",
         "LoaderStats",
         "LoaderTimeoutError",
         "Normalize",

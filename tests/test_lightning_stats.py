@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch._shared.advice import Figures
 
 from .subprocesses import ROOT, subprocess_env
 
@@ -125,8 +126,12 @@ def expected(wrapper: Any, base: str) -> dict[str, float]:
     return {**wrapper.stats.scalars(base), **wrapper.total_stats.scalars(f"{base}total/")}
 
 
+GROWING = ("source_seconds", "loading_cpu_seconds", "loading_core_wait_seconds")
+"""Figures of the loading thread, which may still move after the monitor logged."""
+
+
 def assert_logged(logged: dict[str, float], want: dict[str, float]) -> None:
-    """``logged`` equals ``want``, but source seconds, which may grow after the log.
+    """``logged`` equals ``want``, but the loading thread's times, which may grow after the log.
 
     Lightning stops at ``len(loader)`` without asking for the end of the data, so
     the loading thread may still be timing its last draw (the one that finds the
@@ -134,7 +139,7 @@ def assert_logged(logged: dict[str, float], want: dict[str, float]) -> None:
     """
     assert logged.keys() == want.keys()
     for key, value in want.items():
-        if key.endswith("source_seconds"):
+        if key.endswith(GROWING):
             assert logged[key] <= value, key
         else:
             assert logged[key] == value, key
@@ -162,6 +167,24 @@ class TestLoaderStatsMonitor:
         (loader,) = model.made["val"]
         assert_logged(val[-1], expected(loader, "prefetch/val/BackgroundLoader/"))
         assert val[-1]["prefetch/val/BackgroundLoader/total/epochs"] == EPOCHS + 1  # sanity run
+
+    def test_the_figures_the_summary_reads_are_logged(self, tmp_path: Path) -> None:
+        """Each number summary()'s advice reads is logged, for the epoch and the totals."""
+        logger, model = DictLogger(), Model()
+        trainer(tmp_path, logger, LoaderStatsMonitor(), limit_val_batches=0).fit(model)
+        numbers = [
+            name
+            for name, value in vars(Figures).items()
+            if isinstance(value, property) and name not in ("facts", "parallel_fetch_available")
+        ]
+        assert {"loading_cpu_seconds", "loop_core_wait_seconds", "wait_seconds"} <= set(numbers)
+        logged = logger.ours("prefetch/train/")[-1]
+        base = "prefetch/train/BackgroundLoader/"
+        for name in numbers:
+            assert f"{base}{name}" in logged and f"{base}total/{name}" in logged, name
+        stats = model.made["train"].loader.stats
+        assert logged[f"{base}end_wait_seconds"] == stats.end_wait_seconds
+        assert logged[f"{base}wait_seconds"] <= logged[f"{base}elapsed_seconds"]
 
     def test_test_stage_prefix_and_epoch_only(self, tmp_path: Path) -> None:
         """trainer.test logs the test loader under the prefix given; total=False: epoch only."""

@@ -19,12 +19,23 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from prefetch import BackgroundLoader, CudaPrefetcher, LoaderStats, TotalStats
 
-BASE = {"items", "wait_seconds", "source_seconds", "elapsed_seconds", "wait_fraction"}
+BASE = {
+    "items",
+    "wait_seconds",
+    "end_wait_seconds",
+    "loop_cpu_seconds",
+    "loop_core_wait_seconds",
+    "source_seconds",
+    "elapsed_seconds",
+    "wait_fraction",
+}
 BUFFER = {
     "depth",
     "peak_depth",
     "peak_items",
     "peak_bytes",
+    "loading_cpu_seconds",
+    "loading_core_wait_seconds",
     "fetch_threads",
     "peak_fetch_threads",
     "fetch_seconds",
@@ -35,7 +46,7 @@ BUFFER = {
 class SlowSamples(Dataset[torch.Tensor]):
     """A map-style dataset whose every sample sleeps ``seconds`` (a read that releases the GIL)."""
 
-    def __init__(self, size: int = 12, seconds: float = 0.002) -> None:
+    def __init__(self, size: int = 12, seconds: float = 0.01) -> None:
         self.size, self.seconds = size, seconds
 
     def __len__(self) -> int:
@@ -89,6 +100,9 @@ class TestLoaderStatsScalars:
         assert scalars == {
             "data/items": 4.0,
             "data/wait_seconds": 1.0,
+            "data/end_wait_seconds": 0.0,
+            "data/loop_cpu_seconds": 0.0,
+            "data/loop_core_wait_seconds": 0.0,
             "data/source_seconds": 3.0,
             "data/elapsed_seconds": 4.0,
             "data/wait_fraction": 0.25,
@@ -121,8 +135,8 @@ class TestSummaryAdvice:
     def test_data_bound_epoch_names_fetch_threads(self) -> None:
         """Waited 75% on a producer busy 95%, 190 ms per item: the summary says what to do."""
         text = data_bound(True).summary()
-        assert "the producer cannot keep up (busy 95% of the time)" in text
-        assert "fetch_threads='auto'" in text and "num_workers" in text
+        assert "the loader cannot keep up (busy 95% of the time)" in text
+        assert "fetch_threads='auto'" in text and "num_workers" in text  # CPU time not measured
 
     @pytest.mark.parametrize(
         "changes",
@@ -136,7 +150,7 @@ class TestSummaryAdvice:
     def test_no_advice_where_threads_would_not_help(self, changes: dict[str, Any]) -> None:
         """No advice without each condition: readable loader, a wait, a busy and slow producer."""
         stats = data_bound(True, **changes)
-        assert "fetch_threads" not in stats.summary()
+        assert "read the DataLoader's batches in parallel" not in stats.summary()
         assert stats.summary().startswith("waited ")
 
     def test_a_slow_map_style_dataloader_gets_the_advice(self) -> None:

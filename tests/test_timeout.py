@@ -64,7 +64,7 @@ class TestTimesOut:
         assert message.startswith("BackgroundLoader(<generator object slow_at")
         assert "timeout=0.1) timed out after 0.1 seconds waiting for the next item" in message
         assert next(iterator, "over") == "over"  # the epoch is over
-        assert loader.stats.wait_seconds >= 0.1
+        assert loader.stats.end_wait_seconds >= 0.1  # the wait after the last item
         assert wait_until(lambda: not prefetch_threads(), 5.0)
 
     @pytest.mark.parametrize("threads", [3, "auto"])

@@ -169,12 +169,14 @@ class DeviceIterator(EpochIterator[T]):
             self._end()
         stats = self._record.stats
         started = time.perf_counter()
+        handed = False
         try:
             if threading.get_ident() != self._thread:
                 raise wrong_thread_error()
             if self._opener is not None:
                 self.start()  # the first next(): the epoch starts now, on this thread
                 stats = self._record.stats
+                started = time.perf_counter()  # iter() of the loader is before the epoch
             if not self._pending and self._left == 0:
                 self._left = None  # the loop asks past the last item: now look for the end
             self._fill(1)
@@ -205,11 +207,15 @@ class DeviceIterator(EpochIterator[T]):
                 self._copier.hand_over(entry.batch, entry.event)
             self._pending.popleft()
             self._record.state = entry.state
+            now = time.perf_counter()
+            stats.record_wait(now - started)  # all of next(): this loop loads on its own thread
+            handed = True
             stats.items += 1
-            stats.last_handoff = time.perf_counter()
+            stats.record_hand_over(now)
             return entry.batch  # type: ignore[no-any-return]  # InFlight holds Any
         finally:
-            stats.wait_seconds += time.perf_counter() - started
+            if not handed:  # the end, an error: after the last item
+                stats.record_wait(time.perf_counter() - started)
             del self  # a traceback may keep this frame (see the module invariants)
 
     def _fill(self, count: int) -> None:

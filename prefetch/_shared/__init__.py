@@ -7,7 +7,10 @@
 * :mod:`.structure`: walking nested batches (every tensor leaf, rebuilt with
   the same container types).
 * :mod:`.stats`: the public :class:`~prefetch.LoaderStats` and policy events;
-  :mod:`.totals`: :class:`~prefetch.TotalStats`, a wrapper's epochs summed.
+  :mod:`.totals`: :class:`~prefetch.TotalStats`, a wrapper's epochs summed;
+  :mod:`.advice`: what ``summary()`` advises, from the figures and
+  :mod:`.facts` (:class:`~prefetch.LoaderFacts`); :mod:`.cpu_clock`: the
+  threads' time on, and waiting for, a core.
 * :mod:`.checkpointing` and :mod:`.stateful`: ``state_dict`` only where the
   wrapped loader has state.
 * :mod:`.pinning`: page-locked memory, pinned in the producer thread for the

@@ -3,69 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from typing import Protocol
 
-ADVISE_WAIT = 0.1
-"""Share of the time the loop waited above which a summary looks for a remedy."""
-ADVISE_BUSY = 0.7
-"""Share of the time the producer was busy above which it "cannot keep up"."""
-ADVISE_ITEM_SECONDS = 0.001
-"""Producer seconds per item below which loading in parallel would not pay its hand-offs."""
+from prefetch._shared.advice import advice, held_at_bound
+from prefetch._shared.cpu_clock import LoopClock, ThreadClocks
+from prefetch._shared.facts import LoaderFacts
 
-
-class Figures(Protocol):
-    """What :func:`producer_advice` reads: one epoch's stats, or a wrapper's totals."""
-
-    @property
-    def items(self) -> int: ...
-
-    @property
-    def source_seconds(self) -> float: ...
-
-    @property
-    def parallel_fetch_available(self) -> bool: ...
-
-    @property
-    def elapsed_seconds(self) -> float: ...
-
-    @property
-    def wait_fraction(self) -> float: ...
-
-
-def producer_advice(figures: Figures) -> str:
-    """Return what to do when the producer cannot keep up and threads could read in parallel.
-
-    ``parallel_fetch_available`` says whether ``fetch_threads`` can read the
-    wrapped loader (a map-style ``DataLoader`` with ``num_workers=0``, read by
-    one thread); the remedy is named only then, and only for a loop that
-    waited at least :data:`ADVISE_WAIT` of the time on a producer busy at
-    least :data:`ADVISE_BUSY` of it, at :data:`ADVISE_ITEM_SECONDS` or more
-    per item.
-
-    Example:
-        >>> producer_advice(LoaderStats(items=10, wait_seconds=1.0, source_seconds=1.9,
-        ...                             started=0.0, finished=2.0))
-        ''
-    """
-    elapsed, items = figures.elapsed_seconds, figures.items
-    if not figures.parallel_fetch_available or elapsed <= 0 or not items:
-        return ""
-    busy = figures.source_seconds / elapsed
-    if figures.wait_fraction < ADVISE_WAIT or busy < ADVISE_BUSY:
-        return ""
-    if figures.source_seconds / items < ADVISE_ITEM_SECONDS:
-        return ""
-    return (
-        f"the producer cannot keep up (busy {min(busy, 1.0):.0%} of the time): read the "
-        "DataLoader's batches in parallel with BackgroundLoader(..., fetch_threads='auto') "
-        "(threads, when loading releases the GIL) or DataLoader(num_workers=N) (processes)"
-    )
-
-
-SCALARS = ("items", "wait_seconds", "source_seconds", "elapsed_seconds", "wait_fraction")
+SCALARS = (
+    "items",
+    "wait_seconds",
+    "end_wait_seconds",
+    "loop_cpu_seconds",
+    "loop_core_wait_seconds",
+    "source_seconds",
+    "elapsed_seconds",
+    "wait_fraction",
+)
 """What ``scalars()`` always gives, for one epoch or for a wrapper's totals."""
-BUFFER_SCALARS = ("peak_items", "peak_bytes", "fetch_seconds", "collate_seconds")
+BUFFER_SCALARS = (
+    "peak_items",
+    "peak_bytes",
+    "loading_cpu_seconds",
+    "loading_core_wait_seconds",
+    "fetch_seconds",
+    "collate_seconds",
+)
 """What ``scalars()`` adds for a ``BackgroundLoader`` (with its depth and thread figures)."""
 
 
@@ -135,25 +98,33 @@ class ThreadEvent(PolicyEvent):
 class LoaderStats:
     """Counters for one epoch of a prefetching wrapper.
 
-    ``wait_seconds`` is time the consumer (your training loop) spent inside
-    ``next()`` waiting for an item that was not ready yet; ``source_seconds``
-    is time spent inside the wrapped loader producing items. ``elapsed_seconds``
-    runs from the start of the epoch (``iter()``) to the last item handed
-    over (``last_handoff``); before the first item, to the epoch's end
+    ``elapsed_seconds`` runs from the start of the epoch (its first
+    ``next()``, after ``iter()`` of the wrapped loader) to the last item
+    handed over (``last_handoff``); before the first item, to the epoch's end
     (``finished``) or now. So the time after an epoch's last item never
     counts, however the epoch ends: the loop asks for more (a ``for`` loop),
     stops at ``len(loader)`` (as Lightning does), breaks out, or a wrapper
-    above releases it. ``wait_fraction`` is their ratio, at most 1 (the wait
-    for the end of the data, after the last item, is in ``wait_seconds``).
+    above releases it. ``wait_seconds`` is the time the consumer (your
+    training loop) spent inside ``next()`` waiting for an item that was not
+    ready yet, within that time: each wait counts once the item it waited for
+    is handed over, so it is never longer than ``elapsed_seconds``, and
+    ``wait_fraction`` is their ratio. A wait after the last item (for the end
+    of the data, or an error that ended the epoch) is ``end_wait_seconds``.
+    ``source_seconds`` is time spent inside the wrapped loader producing
+    items (by every loading thread, summed).
 
     A :class:`~prefetch.BackgroundLoader` also reports its buffer: ``depth``
     (now) and ``peak_depth`` (highest this epoch), ``depth_events`` (each
-    change of an adaptive depth and why), ``peak_items`` and ``peak_bytes``
-    (most items, and most tensor bytes, produced and not yet consumed at
-    once; bytes are counted only when a byte limit applies).
+    change of an adaptive depth and why), ``peak_items`` (most items the
+    loading threads made and the loop had not yet been handed, at once,
+    counted as the threads post them: not the slots ``depth`` reserves for
+    items still being read; items quicker than 50 µs are posted in runs, so
+    they count from their run's post) and ``peak_bytes`` (most tensor bytes
+    of such items; counted only when a byte limit applies).
 
     With parallel fetch (``fetch_threads``) it also reports the threads:
-    ``fetch_threads`` (now) and ``peak_fetch_threads``, ``thread_events``
+    ``fetch_threads`` (now; 1 for a ``BackgroundLoader`` without parallel
+    fetch, whose one thread loads) and ``peak_fetch_threads``, ``thread_events``
     (each change of ``fetch_threads="auto"`` and why), ``fetch_seconds``
     (seconds each thread spent reading samples, one entry per thread started),
     ``fetch_reads`` (reads each thread made: samples, or ``__getitems__``
@@ -161,22 +132,39 @@ class LoaderStats:
     ``peak_samples`` (most samples drawn and not yet collated at once: the
     batches being read at the grain of samples).
 
+    Where the loading threads' time went, for the summary's advice:
+    ``loading_cpu_seconds`` is the part of it they ran on a core, and
+    ``loading_core_wait_seconds`` the part they were ready to run but waited
+    for a free core (Linux's run queue; 0 where the system does not say);
+    the rest of ``source_seconds`` they were blocked (on I/O, a lock, the
+    GIL). Both are read when a thread posts what it made, at most every
+    20 ms per thread (:class:`~prefetch._shared.cpu_clock.ThreadClocks`).
+    ``loop_cpu_seconds`` and ``loop_core_wait_seconds`` are the loop's own
+    thread's, from its first item, read at hand-overs likewise: a step on
+    the CPU runs on a core most of ``elapsed_seconds - wait_seconds``, one
+    that waits for a GPU hardly; a step slowed by loading threads (or other
+    processes) on the same cores waits for one.
+
     ``parallel_fetch_available`` is true when a ``BackgroundLoader`` read a
     map-style ``DataLoader`` with ``num_workers=0`` in one thread, so
-    ``fetch_threads`` could read it in parallel: :meth:`summary` then says so
-    when the producer could not keep up with the loop.
+    ``fetch_threads`` could read it in parallel. ``facts`` (a
+    :class:`~prefetch.LoaderFacts`) says what kind of loader it is, the
+    loading thread's ``num_threads``, the cores and whether the GIL is on.
+    :meth:`summary` reads them to name the setting that helps (see
+    :doc:`/diagnosing`).
 
     :meth:`scalars` gives the figures as a flat ``{name: float}`` dict for a
     logger; a wrapper's :attr:`~prefetch.BackgroundLoader.total_stats` sums
     its epochs (:class:`~prefetch.TotalStats`).
 
     Example:
-        >>> stats = LoaderStats(items=10, wait_seconds=0.5, source_seconds=2.0,
+        >>> stats = LoaderStats(items=10, wait_seconds=0.1, source_seconds=1.0,
         ...                     started=100.0, finished=102.0)
         >>> round(stats.wait_fraction, 2)
-        0.25
-        >>> stats.summary()
-        'waited 25% of the time for data (0.50 s of 2.00 s, 10 items)'
+        0.05
+        >>> stats.summary()  # doctest: +NORMALIZE_WHITESPACE
+        'waited 5% of the time for data (0.10 s of 2.00 s, 10 items); loading is not the
+         bottleneck: the loop waited 5% of the time'
     """
 
     items: int = 0
@@ -198,6 +186,41 @@ class LoaderStats:
     peak_samples: int = 0
     parallel_fetch_available: bool = False
     last_handoff: float | None = None  # perf_counter() at the latest hand-off (see elapsed)
+    end_wait_seconds: float = 0.0
+    loading_cpu_seconds: float = 0.0
+    loading_core_wait_seconds: float = 0.0
+    loop_cpu_seconds: float = 0.0
+    loop_core_wait_seconds: float = 0.0
+    facts: LoaderFacts = dataclasses.field(default_factory=LoaderFacts)
+    _clocks: ThreadClocks = dataclasses.field(
+        default_factory=ThreadClocks, init=False, repr=False, compare=False
+    )
+    _loop_clock: LoopClock = dataclasses.field(
+        default_factory=LoopClock, init=False, repr=False, compare=False
+    )
+
+    def record_wait(self, seconds: float) -> None:
+        """The loop waited ``seconds`` in ``next()`` (``wait_seconds`` once an item follows).
+
+        Called by prefetch's iterators, as are the other ``record_`` methods.
+        """
+        self.end_wait_seconds += seconds
+
+    def record_hand_over(self, now: float) -> None:
+        """An item was handed to the loop at ``now`` (``time.perf_counter()``)."""
+        self.last_handoff = now
+        if self.end_wait_seconds:  # the waits since the last item end here
+            self.wait_seconds += self.end_wait_seconds
+            self.end_wait_seconds = 0.0
+        running, waiting = self._loop_clock.read(now=now)
+        self.loop_cpu_seconds += running
+        self.loop_core_wait_seconds += waiting
+
+    def record_loading_clocks(self) -> None:
+        """A loading thread (the caller) posted: add its time on, and waiting for, a core."""
+        running, waiting = self._clocks.read(threading.get_ident(), now=time.perf_counter())
+        self.loading_cpu_seconds += running
+        self.loading_core_wait_seconds += waiting
 
     @property
     def elapsed_seconds(self) -> float:
@@ -214,37 +237,48 @@ class LoaderStats:
         return min(self.wait_seconds / elapsed, 1.0) if elapsed > 0 else 0.0
 
     def summary(self) -> str:
-        """Return a one-line account such as ``'waited 42% of the time for data'``."""
+        """Return a one-line account, and the setting that would help (see :doc:`/diagnosing`).
+
+        For example ``'waited 42% of the time for data (4.20 s of 10.00 s, 100
+        items); ...'``: the wait is never longer than the time it is a share
+        of (a wait after the last item is said apart, from 0.01 s).
+        """
         text = (
             f"waited {self.wait_fraction:.0%} of the time for data "
             f"({self.wait_seconds:.2f} s of {self.elapsed_seconds:.2f} s, {self.items} items)"
         )
+        if self.end_wait_seconds >= 0.005:
+            text += f", then {self.end_wait_seconds:.2f} s after the last item"
         if self.depth is not None:
             text += f"; depth {self.depth} (peak {self.peak_depth})"
         stages = self.stage_summary()
         if stages:
             text += f"; {stages}"
-        advice = producer_advice(self)
-        return f"{text}; {advice}" if advice else text
+        said = advice(self, held_at_bound([event.reason for event in self.depth_events]))
+        return f"{text}; {said}" if said else text
 
     def scalars(self, prefix: str = "") -> dict[str, float]:
         """Return the figures as flat ``{prefix + name: value}`` floats, for any logger.
 
-        Always ``items``, ``wait_seconds``, ``source_seconds``,
-        ``elapsed_seconds`` and ``wait_fraction``; for a ``BackgroundLoader``
-        (which has a ``depth``) also ``depth``, ``peak_depth``, ``peak_items``,
-        ``peak_bytes``, ``fetch_threads``, ``peak_fetch_threads``,
-        ``fetch_seconds`` (summed over the threads; 0 without parallel fetch)
-        and ``collate_seconds``. So one wrapper logs the same names every
-        epoch. ``prefix`` is prepended as given (``"data/"`` gives
-        ``"data/items"``).
+        Always ``items``, ``wait_seconds``, ``end_wait_seconds``,
+        ``loop_cpu_seconds``, ``loop_core_wait_seconds``, ``source_seconds``,
+        ``elapsed_seconds`` and ``wait_fraction``; for a
+        ``BackgroundLoader`` (which has a ``depth``) also ``depth``,
+        ``peak_depth``, ``fetch_threads``, ``peak_fetch_threads``,
+        ``peak_items``, ``peak_bytes``, ``loading_cpu_seconds``,
+        ``loading_core_wait_seconds``, ``fetch_seconds`` (summed
+        over the threads; 0 without parallel fetch) and ``collate_seconds``.
+        So one wrapper logs the same names every epoch, the figures
+        :meth:`summary` reads. ``prefix`` is prepended as given (``"data/"``
+        gives ``"data/items"``).
 
         Example:
             >>> stats = LoaderStats(items=10, wait_seconds=0.5, source_seconds=2.0,
             ...                     started=100.0, finished=102.0)
             >>> stats.scalars(prefix="data/")  # doctest: +NORMALIZE_WHITESPACE
-            {'data/items': 10.0, 'data/wait_seconds': 0.5, 'data/source_seconds': 2.0,
-             'data/elapsed_seconds': 2.0, 'data/wait_fraction': 0.25}
+            {'data/items': 10.0, 'data/wait_seconds': 0.5, 'data/end_wait_seconds': 0.0,
+             'data/loop_cpu_seconds': 0.0, 'data/loop_core_wait_seconds': 0.0,
+             'data/source_seconds': 2.0, 'data/elapsed_seconds': 2.0, 'data/wait_fraction': 0.25}
         """
         names: tuple[str, ...] = SCALARS
         if self.depth is not None:

@@ -26,13 +26,9 @@ import time
 import weakref
 from typing import Any
 
-from prefetch._shared.stats import (
-    BUFFER_SCALARS,
-    SCALARS,
-    LoaderStats,
-    flat_scalars,
-    producer_advice,
-)
+from prefetch._shared.advice import advice
+from prefetch._shared.facts import LoaderFacts
+from prefetch._shared.stats import BUFFER_SCALARS, SCALARS, LoaderStats, flat_scalars
 
 
 def _peak(old: int | None, new: int | None) -> int | None:
@@ -53,9 +49,14 @@ class TotalStats:
     each epoch's time from ``iter()`` to its last item, so time spent between
     epochs (validation, checkpoints) is not in it, and ``wait_fraction`` is
     the share of the epochs' own time the loop waited. ``fetch_seconds`` is
-    summed over threads and epochs. The events (``depth_events``,
-    ``thread_events``) stay with each epoch's ``stats``. In a stack, each
-    wrapper has its own, as with ``stats``.
+    summed over threads and epochs, and so are the waits after each epoch's
+    last item (``end_wait_seconds``) and the loading threads' time on and
+    waiting for a core (``loading_cpu_seconds``,
+    ``loading_core_wait_seconds``) and the loop's (``loop_cpu_seconds``,
+    ``loop_core_wait_seconds``). ``facts`` and
+    ``parallel_fetch_available`` are the latest epoch's. The events
+    (``depth_events``, ``thread_events``) stay with each epoch's ``stats``.
+    In a stack, each wrapper has its own, as with ``stats``.
 
     Example:
         >>> from prefetch import BackgroundLoader
@@ -66,8 +67,8 @@ class TotalStats:
         >>> totals = loader.total_stats
         >>> totals.epochs, totals.items, totals.peak_depth
         (3, 12, 2)
-        >>> totals.summary()  # doctest: +ELLIPSIS
-        '3 epochs: waited ...% of the time for data (... s of ... s, 12 items); peak depth 2'
+        >>> print(totals.summary())  # doctest: +ELLIPSIS
+        3 epochs: waited ...% of the time for data (... s of ... s, 12 items); peak depth 2...
     """
 
     epochs: int = 0
@@ -82,6 +83,12 @@ class TotalStats:
     fetch_seconds: float = 0.0
     collate_seconds: float = 0.0
     parallel_fetch_available: bool = False
+    end_wait_seconds: float = 0.0
+    loading_cpu_seconds: float = 0.0
+    loading_core_wait_seconds: float = 0.0
+    loop_cpu_seconds: float = 0.0
+    loop_core_wait_seconds: float = 0.0
+    facts: LoaderFacts = dataclasses.field(default_factory=LoaderFacts)
 
     @property
     def wait_fraction(self) -> float:
@@ -114,6 +121,14 @@ class TotalStats:
             fetch_seconds=self.fetch_seconds + sum(stats.fetch_seconds),
             collate_seconds=self.collate_seconds + stats.collate_seconds,
             parallel_fetch_available=stats.parallel_fetch_available,
+            end_wait_seconds=self.end_wait_seconds + stats.end_wait_seconds,
+            loading_cpu_seconds=self.loading_cpu_seconds + stats.loading_cpu_seconds,
+            loading_core_wait_seconds=(
+                self.loading_core_wait_seconds + stats.loading_core_wait_seconds
+            ),
+            loop_cpu_seconds=self.loop_cpu_seconds + stats.loop_cpu_seconds,
+            loop_core_wait_seconds=self.loop_core_wait_seconds + stats.loop_core_wait_seconds,
+            facts=stats.facts,
         )
 
     def summary(self) -> str:
@@ -123,28 +138,33 @@ class TotalStats:
             f"{self.wait_fraction:.0%} of the time for data ({self.wait_seconds:.2f} s of "
             f"{self.elapsed_seconds:.2f} s, {self.items} items)"
         )
+        if self.end_wait_seconds >= 0.005:
+            text += f", then {self.end_wait_seconds:.2f} s after the epochs' last items"
         if self.peak_depth is not None:
             text += f"; peak depth {self.peak_depth}"
         if self.fetch_seconds > 0:  # parallel fetch ran
             text += f"; peak fetch threads {self.peak_fetch_threads}"
-        advice = producer_advice(self)
-        return f"{text}; {advice}" if advice else text
+        said = advice(self)
+        return f"{text}; {said}" if said else text
 
     def scalars(self, prefix: str = "") -> dict[str, float]:
         """Return the totals as flat ``{prefix + name: value}`` floats, for any logger.
 
-        Always ``epochs``, ``items``, ``wait_seconds``, ``source_seconds``,
-        ``elapsed_seconds`` and ``wait_fraction``; for a ``BackgroundLoader``
-        also ``peak_depth``, ``peak_items``, ``peak_bytes``,
-        ``peak_fetch_threads``, ``fetch_seconds`` and ``collate_seconds``.
-        ``prefix`` is prepended as given.
+        Always ``epochs`` and the names :meth:`LoaderStats.scalars
+        <prefetch.LoaderStats.scalars>` always gives; for a
+        ``BackgroundLoader`` also ``peak_depth``, ``peak_fetch_threads``,
+        ``peak_items``, ``peak_bytes``, ``loading_cpu_seconds``,
+        ``loading_core_wait_seconds``, ``fetch_seconds`` and
+        ``collate_seconds``. ``prefix`` is prepended as given.
 
         Example:
             >>> from prefetch import TotalStats
             >>> TotalStats(epochs=2, items=8, wait_seconds=1.0, elapsed_seconds=4.0).scalars("all/")
             ... # doctest: +NORMALIZE_WHITESPACE
             {'all/epochs': 2.0, 'all/items': 8.0, 'all/wait_seconds': 1.0,
-             'all/source_seconds': 0.0, 'all/elapsed_seconds': 4.0, 'all/wait_fraction': 0.25}
+             'all/end_wait_seconds': 0.0, 'all/loop_cpu_seconds': 0.0,
+             'all/loop_core_wait_seconds': 0.0, 'all/source_seconds': 0.0,
+             'all/elapsed_seconds': 4.0, 'all/wait_fraction': 0.25}
         """
         names: tuple[str, ...] = ("epochs", *SCALARS)
         if self.peak_depth is not None:

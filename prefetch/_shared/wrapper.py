@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from prefetch._shared.adapters import iterates_a_base
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
 from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
+from prefetch._shared.facts import LoaderFacts
 from prefetch._shared.passthrough import set_epoch_on, sized_length, warn_consumed, why_unsized
 from prefetch._shared.read_ahead import ReadAhead, Resumed
 from prefetch._shared.stateful import read_state
@@ -121,6 +122,9 @@ class LoaderWrapper:
         self._parallel_fetch_available: bool = (
             isinstance(loader, LoaderWrapper) and loader._parallel_fetch_available
         )
+        self._facts: LoaderFacts = (
+            loader._facts if isinstance(loader, LoaderWrapper) else LoaderFacts.of(loader)
+        )
 
     def __iter__(self) -> EpochIterator[Any]:
         """Return an idle epoch: nothing runs until it starts (:mod:`~prefetch._shared.epoch`)."""
@@ -176,6 +180,7 @@ class LoaderWrapper:
         last = self._epochs.last
         record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
         record.stats.parallel_fetch_available = self._parallel_fetch_available
+        record.stats.facts = self._facts
         owned = source is not loader  # a one-shot iterator the user passed in stays open
         if carried:
             source = Resumed(carried, source)

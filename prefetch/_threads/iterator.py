@@ -175,7 +175,7 @@ class BackgroundIterator(EpochIterator[T]):
                     if handed >= self._return_every or (pos + 1 == len(items) and not self._queued):
                         self._exchange(wait=False)  # tickets back; the runs posted since
                         handed = 0
-                    stats.last_handoff = time.perf_counter()
+                    stats.record_hand_over(time.perf_counter())
                     reports = self._reports
                     if reports.active:
                         self._report(reports)
@@ -238,7 +238,7 @@ class BackgroundIterator(EpochIterator[T]):
         self._queued.extend(runs)
         if waited:
             self._reports.waited(waited)
-            self._record.stats.wait_seconds += waited
+            self._record.stats.record_wait(waited)
 
     def _take_end(self) -> None:
         """Act on the message after the current run: raise its error, or end the epoch."""

@@ -213,6 +213,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         guard_worker_pids()  # GIL off: torch's worker-pid map, before an epoch can use it
         super().__init__(loader)
         self._parallel_fetch_available = available  # the summary's advice may name it
+        self._facts = self._facts.background(num_threads, self.adaptive, fetch_threads)
         self._preparation_due = fetch_threads is None  # fetch_threads reads unprepared loaders
         self._pin_memory = pin_memory
         self._num_threads = num_threads

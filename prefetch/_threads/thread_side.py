@@ -99,6 +99,7 @@ class ThreadSide:
             tickets = shared.tickets
             tickets.posted(held, run.numbers + unused, unused)
             self._count(slot, seconds - collate, cpu, collate=collate)
+            shared.record.stats.record_loading_clocks()
             if shared.stopped and not shared.keep:  # nobody will take it
                 tickets.in_flight -= run.numbers
                 return 0
@@ -112,7 +113,7 @@ class ThreadSide:
                     shared.space.notify_all()  # a size is known now
             if run.items or run.end is not None:
                 shared.handover.post(seq, run)
-            stats.peak_items = max(stats.peak_items, tickets.in_flight)
+            stats.peak_items = max(stats.peak_items, shared.fetched - stats.items)
             if shared.consumer_waiting and shared.handover.due(seq):
                 shared.wake_consumer()
             if not take or shared.ended or shared.staying > tickets.threads:
