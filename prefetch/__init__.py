@@ -14,6 +14,7 @@ from prefetch._shared.facts import LoaderFacts
 from prefetch._shared.stateful import NotStatefulError, Stateful
 from prefetch._shared.stats import DepthEvent, LoaderStats, ThreadEvent
 from prefetch._shared.totals import TotalStats
+from prefetch._threads.allocator import return_freed_memory
 from prefetch._threads.fetch_info import FetchInfo, fetch_info, sample_seed
 from prefetch._threads.fetch_options import BackgroundSettings
 from prefetch._threads.iterator import BackgroundIterator
@@ -41,5 +42,6 @@ __all__ = [
     "TorchWorkaroundWarning",
     "TotalStats",
     "fetch_info",
+    "return_freed_memory",
     "sample_seed",
 ]

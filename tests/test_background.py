@@ -674,6 +674,7 @@ def test_public_api_is_explicit() -> None:
         "TorchWorkaroundWarning",
         "TotalStats",
         "fetch_info",
+        "return_freed_memory",
         "sample_seed",
     }
     for name in prefetch.__all__:

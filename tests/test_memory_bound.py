@@ -21,7 +21,9 @@ import sys
 import textwrap
 
 import pytest
+from torch.utils.data import DataLoader
 
+from prefetch import BackgroundLoader
 from prefetch._threads import allocator
 
 from .subprocesses import ROOT, subprocess_env
@@ -55,6 +57,9 @@ RSS_SCRIPT = """
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * 4096
 
+    if sys.argv[3] == "fixed":
+        from prefetch import return_freed_memory
+        assert return_freed_memory()
     options = {} if THREADS is None else {"fetch_threads": THREADS, "fetch_grain": GRAIN}
     loader = BackgroundLoader(DataLoader(Ones(), batch_size=BATCH), max_bytes=BUDGET, **options)
     base = peak = resident()
@@ -77,13 +82,16 @@ RSS_SCRIPT = """
 """
 
 
-def growth(grain: str, budget_mib: int = 64, **env: str) -> tuple[float, float, int]:
+def growth(
+    grain: str, budget_mib: int = 64, threshold: str = "glibc's", **env: str
+) -> tuple[float, float, int]:
     """Run an epoch in a fresh Python; return RSS growth, peak_bytes (MiB) and batches.
 
-    ``grain`` is fetch threads' (4 of them), or ``"one thread"`` (no ``fetch_threads``).
+    ``grain`` is fetch threads' (4 of them), or ``"one thread"`` (no ``fetch_threads``);
+    ``threshold`` ``"fixed"`` calls ``prefetch.return_freed_memory()`` first.
     """
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(RSS_SCRIPT), grain, str(budget_mib)],
+        [sys.executable, "-c", textwrap.dedent(RSS_SCRIPT), grain, str(budget_mib), threshold],
         capture_output=True,
         text=True,
         env=subprocess_env(**env),
@@ -106,16 +114,28 @@ class TestResidentSet:
     """RSS growth stays within the bound the guide states, for fetch threads and one thread."""
 
     @pytest.mark.parametrize(("grain", "batches_over"), [("sample", 4), ("batch", 2 + 4)])
-    def test_growth_within_the_stated_bound(self, grain: str, batches_over: int) -> None:
-        """4 threads, 16 MiB batches, max_bytes 64 MiB: growth <= 64 MiB + the stated batches.
+    def test_growth_with_freed_memory_returned(self, grain: str, batches_over: int) -> None:
+        """return_freed_memory(), 4 threads, 16 MiB batches, max_bytes 64 MiB: the tight bound.
 
-        At the grain of samples four batches; at the grain of batches two and one per
-        thread (each thread may be collating at once).
+        64 MiB plus, at the grain of samples, four batches; at the grain of batches
+        two and one per thread (each thread may be collating at once).
+        """
+        rss, peak_bytes, batches = growth(grain, threshold="fixed")
+        assert batches == 48
+        assert peak_bytes <= 64
+        assert rss <= 64 + batches_over * 16 + SLACK_MIB, f"RSS grew {rss:.0f} MiB"
+
+    @pytest.mark.parametrize(("grain", "batches_over"), [("sample", 4), ("batch", 2 + 4)])
+    def test_growth_with_glibcs_own_threshold(self, grain: str, batches_over: int) -> None:
+        """By default prefetch leaves malloc alone: the bound adds three batches per thread.
+
+        That is what glibc's per-thread arenas keep of freed batches (measured: 250 to
+        305 MiB here), and what ``return_freed_memory()`` gives back.
         """
         rss, peak_bytes, batches = growth(grain)
         assert batches == 48
         assert peak_bytes <= 64
-        assert rss <= 64 + batches_over * 16 + SLACK_MIB, f"RSS grew {rss:.0f} MiB"
+        assert rss <= 64 + (batches_over + 3 * 4) * 16 + SLACK_MIB, f"RSS grew {rss:.0f} MiB"
 
     @pytest.mark.parametrize("budget", [1, 64])
     def test_one_thread_within_the_stated_bound(self, budget: int) -> None:
@@ -123,10 +143,10 @@ class TestResidentSet:
 
         Below one batch (1 MiB) a batch still flows: one in flight (posted, or being made,
         briefly twice over while its samples are collated) and the two a for loop holds.
-        One thread leaves glibc's mmap threshold as it is; the guide says to set it where
-        freed batches stay in the process, as here (without it: 117 to 142 MiB at 64 MiB).
+        With glibc's own threshold freed batches stay in the process; the guide says so,
+        and ``return_freed_memory()`` is called here (without it: 117 to 142 MiB at 64 MiB).
         """
-        rss, peak_bytes, batches = growth("one thread", budget, MALLOC_MMAP_THRESHOLD_="131072")
+        rss, peak_bytes, batches = growth("one thread", budget, threshold="fixed")
         assert batches == 48
         assert peak_bytes <= max(budget, 16)
         assert rss <= max(budget, 16) + 3 * 16 + SLACK_MIB, f"RSS grew {rss:.0f} MiB"
@@ -137,8 +157,17 @@ class TestReturnFreedMemory:
 
     @pytest.fixture
     def untried(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """As if no fetch-thread epoch had started in this process yet."""
+        """As if return_freed_memory() had not been called in this process yet."""
         monkeypatch.setattr(allocator, "_done", None)
+
+    @pytest.mark.usefixtures("untried")
+    def test_prefetch_never_calls_it_by_itself(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Epochs with fetch threads and with one thread leave malloc alone (opt-in only)."""
+        monkeypatch.setattr(allocator, "_fix_threshold", pytest.fail)
+        data = DataLoader(list(range(32)), batch_size=4)
+        assert len(list(BackgroundLoader(data, fetch_threads=4))) == 8
+        assert len(list(BackgroundLoader(data))) == 8
+        assert allocator._done is None  # never tried
 
     @pytest.mark.usefixtures("untried")
     def test_the_users_setting_wins(self, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ the Architecture page of the docs (``docs/architecture.rst``). In short:
   what :mod:`.messages` describes.
 * :mod:`.fetch_options`, :mod:`.fetch_info`, :mod:`.allocator`,
   :mod:`.timeout`: the ``fetch_threads`` options, what a fetch thread knows,
-  freed memory, ``timeout=``.
+  freed memory given back (opt-in), ``timeout=``.
 * :mod:`.policy` with :mod:`.depth_policy` (``depth="auto"``),
   :mod:`.thread_policy` and :mod:`.thread_windows` (``fetch_threads="auto"``).
 

@@ -35,7 +35,6 @@ from prefetch._shared.pinning import (
 from prefetch._shared.read_ahead import Resumed
 from prefetch._shared.stacking import check_stack_order
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
-from prefetch._threads.allocator import return_freed_memory
 from prefetch._threads.depth_policy import depth_control
 from prefetch._threads.engine import Engine
 from prefetch._threads.fetch_options import (
@@ -297,7 +296,6 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         if self._fetch_threads is not None:
             loader = cast("DataLoader[T]", self._loader)
             tasks = sampler_tasks(loader, source, "BackgroundLoader", self._fetch_grain)
-            return_freed_memory()  # arenas of fetch threads keep what they free (allocator)
         else:
             tasks = self._one_thread_tasks(source, owned)
         producer = ProducerSpec(
