@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from .accelerators import make_accelerator  # noqa: F401  (a fixture, found by name)
+from .accelerators import make_accelerator, reset_accelerate  # noqa: F401  (a fixture, found by name)
 from .gil import (  # noqa: F401  (hooks and a fixture, found by name)
     pytest_sessionfinish,
     pytest_sessionstart,
@@ -42,3 +43,16 @@ def no_prefetch_thread_outlives_the_test() -> Iterator[None]:
     if not wait_until(lambda: not prefetch_threads(), LEAK_GRACE_SECONDS):
         names = [t.name for t in prefetch_threads()]
         pytest.fail(f"prefetch threads outlived the test: {names}")
+
+
+@pytest.fixture(autouse=True)
+def no_accelerator_outlives_the_test() -> Iterator[None]:
+    """Forget any Accelerator a test made, its own or one a framework made for it.
+
+    accelerate's state is process-wide: a ``transformers.Trainer`` leaves an
+    Accelerator set up, and every later test that wraps a plain DataLoader
+    would then be warned that accelerate has not prepared it.
+    """
+    yield
+    if "accelerate.state" in sys.modules:
+        reset_accelerate()
