@@ -7,7 +7,10 @@ helper of :data:`ASSERTING_HELPERS`, each checked to contain an assertion
 itself. An assertion is *trivially true* when its form decides it: a truthy
 constant, a non-empty tuple (``assert (x, "message")``), an ``or`` with a
 truthy constant, a value compared with itself, or a length compared with 0
-(``len(x) >= 0``). The controls plant each kind and check it is found.
+(``len(x) >= 0``), or one an earlier check already decided (``caught.value
+is not None`` after ``pytest.raises``). The controls plant each kind and check
+it is found. Last, ``[tool.mutmut]`` (``make mutation``) must name files that
+exist and load ``tests/mutation_harness.py``.
 """
 
 from __future__ import annotations
