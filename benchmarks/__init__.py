@@ -17,6 +17,13 @@ Workloads:
 * ``jpeg`` - parallel loading of real JPEG files (local, and with 20 ms storage
   latency): DataLoader worker processes against ``fetch_threads``,
   torchdata's ``ParallelMapper`` and SPDL, with summed PSS per variant;
+* ``readbound`` - 20 ms reads at 16 threads (issue 34): ``fetch_threads=16``
+  against ``ParallelMapper(thread)`` over batches (224x224, batch 8) and
+  against the sample-level pipeline (``ParallelMapper`` over samples, then
+  ``Batcher``; 128x128, batch 64), beside the physical limit;
+* ``autostart`` - ``fetch_threads="auto"`` in a new loader's first epoch
+  against fixed counts 4 to 32 (512 and 2048 images of 20 ms reads), its
+  first batch and its ramp (``thread_events``);
 * ``cow`` - copy-on-write growth of worker processes over a dataset holding
   a million file names, next to threads;
 * ``purepy`` - pure-Python loading (parsing text records, ~2 ms per sample):
@@ -47,6 +54,8 @@ WORKLOADS = (
     "gpu",
     "control",
     "jpeg",
+    "readbound",
+    "autostart",
     "cow",
     "purepy",
     "advice",

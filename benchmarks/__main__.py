@@ -70,6 +70,8 @@ WORKLOAD_EXTRAS: dict[str, tuple[str, ...]] = {
     "gpu": PLOTS,  # torch only, and matplotlib for its plot
     "control": ("prefetch_generator", *PLOTS),
     "jpeg": ("numpy", "pillow", *PLOTS),  # writes and decodes the JPEG files
+    "readbound": ("numpy", "pillow", *PLOTS),  # the jpeg workload's files, other sizes
+    "autostart": ("numpy", "pillow", *PLOTS),
     "cow": ("numpy", "pillow", *PLOTS),  # its child processes import the jpeg dataset
     "purepy": ("numpy", "pillow", *PLOTS),  # it imports the jpeg workload's variants
     "advice": PLOTS,  # torch only (accelerate, if installed, for its prepared-loader row)

@@ -3,8 +3,9 @@
 :func:`write_jpegs` writes seeded 500x375 photographs-like JPEGs (smooth
 colour fields, edges and sensor noise, quality 90) into a folder at bench
 time; :class:`JpegFolder` reads one (after an optional sleep, the latency of
-object storage), decodes it with PIL, resizes it to 224x224 and returns a
-uint8 CHW tensor and a label, as an image-classification dataset does.
+object storage), decodes it with PIL, resizes it to a square (224x224 unless
+told otherwise) and returns a uint8 CHW tensor and a label, as an
+image-classification dataset does.
 :class:`NameList` is the copy-on-write demonstration: a million file names in
 a Python list, each ``__getitem__`` touching one of them.
 """
@@ -25,7 +26,7 @@ __all__ = ["HEIGHT", "SIDE", "WIDTH", "JpegFolder", "NameList", "decode", "write
 WIDTH, HEIGHT = 500, 375
 """Size of the written JPEGs (the median ImageNet photograph is about this)."""
 SIDE = 224
-"""Side of the decoded, resized images."""
+"""Side of the decoded, resized images unless a workload asks for another (``side``)."""
 QUALITY = 90
 CLASSES = 10
 
@@ -68,12 +69,20 @@ def write_jpegs(folder: Path, count: int, seed: int = 0) -> list[Path]:
     return paths
 
 
-def decode(data: bytes) -> torch.Tensor:
-    """Decode JPEG bytes with PIL, resize to 224x224 (bilinear) and return a uint8 CHW tensor."""
+def decode(data: bytes, side: int = SIDE) -> torch.Tensor:
+    """Decode JPEG bytes with PIL, resize to ``side`` x ``side`` (bilinear), return uint8 CHW.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     data = write_jpegs(Path(folder), 1)[0].read_bytes()
+        >>> decode(data).shape, decode(data, side=128).shape
+        (torch.Size([3, 224, 224]), torch.Size([3, 128, 128]))
+    """
     with Image.open(io.BytesIO(data)) as image:
-        resized = image.convert("RGB").resize((SIDE, SIDE), Image.Resampling.BILINEAR)
+        resized = image.convert("RGB").resize((side, side), Image.Resampling.BILINEAR)
     pixels = torch.frombuffer(bytearray(resized.tobytes()), dtype=torch.uint8)
-    return pixels.view(SIDE, SIDE, 3).permute(2, 0, 1).contiguous()
+    return pixels.view(side, side, 3).permute(2, 0, 1).contiguous()
 
 
 class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
@@ -83,6 +92,7 @@ class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
         paths: The files, in index order.
         latency: Seconds each read first sleeps (storage latency; the sleep
             releases the GIL as a network read does).
+        side: Side of the square each image is resized to.
 
     Example:
         >>> import tempfile
@@ -92,9 +102,10 @@ class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
         (torch.Size([3, 224, 224]), torch.uint8, 0)
     """
 
-    def __init__(self, paths: list[Path], latency: float = 0.0) -> None:
+    def __init__(self, paths: list[Path], latency: float = 0.0, side: int = SIDE) -> None:
         self.paths = [str(path) for path in paths]
         self.latency = latency
+        self.side = side
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -103,7 +114,7 @@ class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
         if self.latency > 0:
             time.sleep(self.latency)
         data = Path(self.paths[index]).read_bytes()
-        return decode(data), index % CLASSES
+        return decode(data, self.side), index % CLASSES
 
 
 class NameList(Dataset[int]):

@@ -87,7 +87,7 @@ def available(method: str) -> str:
     if method == "threads":
         if "fetch_threads" not in inspect.signature(BackgroundLoader).parameters:
             return "not available: this BackgroundLoader has no fetch_threads argument"
-    elif method == "parallel_mapper":
+    elif method in ("parallel_mapper", "sample_mapper"):
         if importlib.util.find_spec("torchdata") is None:
             return "not available: torchdata is not installed"
     elif method == "spdl" and importlib.util.find_spec("spdl") is None:

@@ -136,11 +136,14 @@ def run_child(
     timeout: float = CHILD_TIMEOUT,
     python: str | None = None,
     env: dict[str, str] | None = None,
+    sample: bool = True,
 ) -> dict[str, Any]:
     """Run ``python -m benchmarks.parallel_child SPEC`` and return its report plus peak PSS.
 
     ``python`` is the interpreter (default: this one), ``env`` variables added
-    to this process's environment for the child.
+    to this process's environment for the child. With ``sample`` false no
+    thread samples the child's memory (it would take a share of a core from a
+    timing that is all that matters): the PSS figures are then ``nan``.
 
     The report is the JSON object on the child's last line of output; this
     adds ``peak_pss_mib`` (summed over the child and its descendants),
@@ -159,12 +162,14 @@ def run_child(
         command, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as child:
         sampler = PssSampler(child.pid)
-        sampler.start()
+        if sample:
+            sampler.start()
         try:
             out, err = child.communicate(timeout=timeout)
             lifetime = time.perf_counter() - started
         finally:
-            sampler.stop()
+            if sample:
+                sampler.stop()
             if child.poll() is None:
                 child.kill()
                 child.wait()

@@ -12,6 +12,9 @@ SPEC keys: ``workload`` (``"jpeg"``, ``"cow"`` or ``"purepy"``), ``method``
 ``latency`` (seconds per read); for ``cow``: ``names`` (list length) and
 ``items`` (how many of them one epoch reads, in a seeded random order); for
 ``purepy``: ``records`` and ``words`` (:class:`benchmarks.records.Records`).
+Optional: ``side`` (``jpeg``: the square the images are resized to, 224 by
+default) and ``trace`` (true: a ``fetch_threads`` report adds
+``thread_events``, each change of the thread count as a dict).
 The report says whether the GIL was on at the end (``gil_enabled``, 1 or 0).
 
 The epoch clock starts before the loader is built, so the start-up of
@@ -21,6 +24,7 @@ measured from the same point. Imports happen before it, for every method.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import json
@@ -34,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
-from benchmarks.jpeg_files import JpegFolder, NameList
+from benchmarks.jpeg_files import SIDE, JpegFolder, NameList
 from benchmarks.memory import pss_kib
 from benchmarks.records import Records
 
@@ -43,9 +47,12 @@ LEARNED = "auto, 2nd epoch"
 
 __all__ = ["METHODS", "build", "main", "run_epoch"]
 
-METHODS = ("dataloader", "threads", "parallel_mapper", "spdl")
+METHODS = ("dataloader", "threads", "parallel_mapper", "sample_mapper", "spdl")
 """``DataLoader(num_workers=N)``, ``BackgroundLoader(..., fetch_threads=N)``,
-torchdata.nodes ``ParallelMapper(method="thread")``, an SPDL pipeline."""
+torchdata.nodes ``ParallelMapper(method="thread")`` over batches (each task
+reads and collates a batch), the same over single samples followed by
+``Batcher`` and a collating ``Mapper`` (the sample-level pipeline), an SPDL
+pipeline."""
 SEED = 0
 
 
@@ -102,6 +109,8 @@ def build(spec: dict[str, Any], dataset: Dataset[Any]) -> tuple[Iterable[Any], C
             node, map_fn=fetch, num_workers=int(concurrency), method="thread", in_order=True
         )
         return tn.Loader(mapped), lambda: None
+    if method == "sample_mapper":
+        return _sample_pipeline(dataset, sampler, int(concurrency), size), lambda: None
     if method == "spdl":
         from spdl.pipeline import PipelineBuilder
 
@@ -119,10 +128,29 @@ def build(spec: dict[str, Any], dataset: Dataset[Any]) -> tuple[Iterable[Any], C
     raise ValueError(msg)
 
 
+def _sample_pipeline(
+    dataset: Dataset[Any], sampler: Iterable[int], threads: int, size: int
+) -> Iterable[Any]:
+    """torchdata.nodes: ``ParallelMapper`` over single samples, ``Batcher``, collate (in order)."""
+    import torchdata.nodes as tn
+
+    samples = tn.ParallelMapper(
+        tn.SamplerWrapper(sampler),
+        map_fn=dataset.__getitem__,
+        num_workers=threads,
+        method="thread",
+        in_order=True,
+    )
+    batches = tn.Batcher(samples, batch_size=size, drop_last=False)
+    loader: Iterable[Any] = tn.Loader(tn.Mapper(batches, map_fn=_collate))
+    return loader
+
+
 MODULES = {
     "dataloader": "torch.utils.data",
     "threads": "prefetch",
     "parallel_mapper": "torchdata.nodes",
+    "sample_mapper": "torchdata.nodes",
     "spdl": "spdl.pipeline",
 }
 """The module each method imports, imported before the clock starts (SPDL's takes 0.15 s)."""
@@ -133,7 +161,8 @@ def run_epoch(spec: dict[str, Any]) -> dict[str, Any]:
     dataset: Dataset[Any]
     if spec["workload"] == "jpeg":
         paths = sorted(Path(spec["folder"]).glob("*.jpg"))[: int(spec["count"])]
-        dataset = JpegFolder(paths, latency=float(spec["latency"]))
+        side = int(spec.get("side", SIDE))
+        dataset = JpegFolder(paths, latency=float(spec["latency"]), side=side)
     elif spec["workload"] == "purepy":
         dataset = Records(int(spec["records"]), words=int(spec["words"]))
     else:
@@ -180,6 +209,9 @@ def run_epoch(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["method"] == "threads" and stats is not None:
         report["fetch_threads"] = getattr(stats, "fetch_threads", None)
         report["peak_fetch_threads"] = getattr(stats, "peak_fetch_threads", None)
+        if spec.get("trace"):
+            events = getattr(stats, "thread_events", [])
+            report["thread_events"] = [dataclasses.asdict(event) for event in events]
     return report
 
 

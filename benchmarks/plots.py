@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 
 from benchmarks.common import WorkloadResult
 
-__all__ = ["plot_depth_trace", "plot_scaling", "plot_workload"]
+__all__ = ["plot_depth_trace", "plot_scaling", "plot_thread_ramp", "plot_workload"]
 
 LABELS = {
     "seconds": "epoch time (s)",
@@ -155,6 +155,9 @@ def plot_workload(result: WorkloadResult, path: Path) -> None:
     if result.plot == "scaling":
         plot_scaling(result, path)
         return
+    if result.plot == "ramp":
+        plot_thread_ramp(result, path)
+        return
     tall = result.plot == "bar"
     figure, axes = plt.subplots(figsize=(8, 0.45 * len(result.rows) + 1.6 if tall else 4.5))
     {"line": _line, "bar": _bars, "grouped": _grouped}[result.plot](result, axes)
@@ -232,5 +235,51 @@ def plot_depth_trace(result: WorkloadResult, path: Path) -> None:
     )
     axes.grid(alpha=0.3)
     figure.tight_layout(rect=(0, 0.06, 1, 1))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_thread_ramp(result: WorkloadResult, path: Path) -> None:
+    """Draw ``fetch_threads="auto"``'s thread count against time, one step line per run.
+
+    ``result.trace["runs"]`` holds each run's ``events`` (``thread_events`` as
+    dicts), ``seconds`` (the epoch), ``first_batch_seconds`` and
+    ``peak_fetch_threads``; a circle marks the first batch, a cross a hold. An
+    event recorded before the epoch's start is drawn at 0 s, and the legend
+    says so (the report's notes keep its time as recorded).
+    """
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for run in result.trace["runs"]:
+        events = run["events"]
+        start = float(events[0]["old"]) if events else _number(run["peak_fetch_threads"])
+        xs, ys = [0.0], [start]
+        for event in events:
+            if event["new"] != event["old"]:
+                xs.append(max(float(event["seconds"]), 0.0))
+                ys.append(float(event["new"]))
+        xs.append(float(run["seconds"]))
+        ys.append(ys[-1])
+        label = f"{run['images']} images: epoch {float(run['seconds']):.2f} s"
+        if any(float(event["seconds"]) < 0 for event in events):
+            label += " (an event before 0 s drawn at 0)"
+        (line,) = axes.step(xs, ys, where="post", linewidth=2, label=label)
+        first = float(run["first_batch_seconds"])
+        level = next(
+            (y for x, y in zip(reversed(xs), reversed(ys), strict=True) if x <= first), start
+        )
+        axes.plot([first], [level], "o", color=line.get_color(), markersize=7)
+        holds = [
+            (max(float(e["seconds"]), 0.0), float(e["old"])) for e in events if e["new"] == e["old"]
+        ]
+        if holds:
+            hx, hy = zip(*holds, strict=True)
+            axes.plot(hx, hy, "x", color=line.get_color(), markersize=7)
+    axes.set_xlabel("seconds from building the loader (circle: first batch; cross: a hold)")
+    axes.set_ylabel("fetch threads")
+    axes.set_ylim(bottom=0)
+    axes.set_title(result.title + ": the median run's thread_events", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -133,6 +133,36 @@ class TestCommandLine:
         ran = [row for row in jpeg["rows"] if row["values"]["note"] != "not available"]
         assert ran and all(row["values"]["items"] == 24 for row in ran)
         assert any("PSS" in target["name"] for target in jpeg["targets"])
+        readbound = data["workloads"]["readbound"]
+        assert readbound["status"] == "ok"
+        loaders = {row["values"]["loader"] for row in readbound["rows"]}
+        assert loaders == {
+            "BackgroundLoader fetch_threads=16",
+            "ParallelMapper(thread) x16",
+            "ParallelMapper(thread) over samples + Batcher x16",
+        }
+        for row in readbound["rows"]:
+            if row["values"]["note"]:  # torchdata not installed
+                continue
+            assert row["values"]["items"] in (16, 32), row["variant"]
+            assert row["values"]["read_limit"] > 0 and row["values"]["cpu_limit"] > 0
+            assert row["values"]["of_limit"] > 0 and row["values"]["first_batch_seconds"] > 0
+        names = " | ".join(target["name"] for target in readbound["targets"])
+        for part in ("1.05x ParallelMapper(thread) x16", "1.05x ParallelMapper(thread) over "):
+            assert part in names
+        assert "of the physical limit" in names and "first batch no later than" in names
+        assert "physical limit" in done.stdout and "read limit s" in done.stdout
+        autostart = data["workloads"]["autostart"]
+        assert autostart["status"] == "ok"
+        assert [row["variant"] for row in autostart["rows"]] == [
+            "32 images: fetch_threads='auto'",
+            "32 images: fetch_threads=16",
+        ]
+        assert [run["images"] for run in autostart["trace"]["runs"]] == [32]
+        assert isinstance(autostart["trace"]["runs"][0]["events"], list)
+        names = " | ".join(target["name"] for target in autostart["targets"])
+        assert "0.9x the best fixed count" in names and "1.2x the best fixed count's" in names
+        assert "ramp in thread_events" in names and "the median run's ramp" in done.stdout
         cow = {row["variant"]: row["values"] for row in data["workloads"]["cow"]["rows"]}
         assert cow["DataLoader num_workers=2"]["items"] == 100_000
         rst = (out / "results.rst").read_text(encoding="utf-8")
