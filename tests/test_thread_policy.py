@@ -263,15 +263,26 @@ class TestFirstReads:
     """A fresh sample-grain policy sizes its first epoch from the first reads (scripted)."""
 
     def test_reads_that_wait_size_it_to_keep_the_cores_busy(self) -> None:
-        """Reads 20 ms long, 1 ms on the CPU, 2 cores: the count goes to 2 / 5% = 40 -> 32."""
+        """Warm reads 20 ms long, 1 ms on the CPU, 2 cores: the count goes to 2 / 5% = 40 -> 32.
+
+        The first (cold) reads are asked for, kept, and left out of the figures.
+        """
         policy = ThreadPolicy(cores=2, sample_grain=True)
-        stats = LoaderStats(started=0.0)
+        stats = LoaderStats(started=10.0)
         policy.start_epoch(stats)
         assert policy.first_reads() == START_THREADS
-        assert policy.observe_reads(reads=2, busy_seconds=0.040, cpu_seconds=0.002) == 32
+        # cold: 45 ms each, 9 ms on the CPU (20%: it would size 10 threads)
+        assert (
+            policy.observe_reads(reads=2, busy_seconds=0.090, cpu_seconds=0.018, now=10.1) is None
+        )
+        assert stats.thread_events == []
+        assert policy.first_reads() == 2 * START_THREADS  # each thread's second read
+        warm = {"reads": 4, "busy_seconds": 0.130, "cpu_seconds": 0.020}
+        assert policy.observe_reads(**warm, now=10.25) == 32
         (event,) = stats.thread_events
         assert (event.old, event.new) == (START_THREADS, 32)
-        assert event.reason.startswith("start: 2 reads took 20 ms each, 5% of it on the CPU")
+        assert event.seconds == pytest.approx(0.25)  # from the epoch's start, at the decision
+        assert event.reason.startswith("start: 2 warm reads took 20 ms each, 5% of it on the CPU")
         assert policy.first_reads() is None  # once per policy: later epochs keep what it learned
 
     @pytest.mark.parametrize(("cpu", "expected"), [(0.020, None), (0.004, 10)])
@@ -279,13 +290,18 @@ class TestFirstReads:
         """All on the CPU: no change (2 cores, 2 threads); a fifth: 10 threads."""
         policy = ThreadPolicy(cores=2, sample_grain=True)
         policy.start_epoch(LoaderStats(started=0.0))
-        assert policy.observe_reads(reads=2, busy_seconds=0.040, cpu_seconds=cpu * 2) == expected
+        assert policy.observe_reads(reads=2, busy_seconds=0.1, cpu_seconds=0.1, now=0.0) is None
+        figures = {"busy_seconds": 0.1 + 0.040, "cpu_seconds": 0.1 + cpu * 2}
+        assert policy.observe_reads(reads=4, **figures, now=0.0) == expected
 
     def test_whole_batch_reads_and_fixed_counts_ask_for_none(self) -> None:
         """At the grain of batches (a read is a batch) and for a fixed count: no start rule."""
         assert ThreadPolicy(cores=2).first_reads() is None
         assert Fixed(THREADS, 4).first_reads() is None
-        assert Fixed(THREADS, 4).observe_reads(reads=4, busy_seconds=1.0, cpu_seconds=0.1) is None
+        assert (
+            Fixed(THREADS, 4).observe_reads(reads=4, busy_seconds=1.0, cpu_seconds=0.1, now=0.0)
+            is None
+        )
 
 
 class TestRevert:
@@ -644,7 +660,8 @@ class TestWithBackgroundLoader:
         stats = loader.stats
         events = stats.thread_events
         assert events and events[0].old == 2 < events[0].new
-        assert events[0].reason.startswith("start: 2 reads took")  # sized by the first reads
+        assert events[0].reason.startswith("start: 2 warm reads took")  # sized by the reads
+        assert 0.0 <= events[0].seconds <= stats.elapsed_seconds  # within the epoch
         for before, after in itertools.pairwise(events):
             assert after.old == before.new
         assert stats.fetch_threads == events[-1].new

@@ -59,8 +59,14 @@ class Control(Protocol):
     def first_reads(self) -> int | None:
         """Reads after which to hear of them (:meth:`observe_reads`), or ``None``: never."""
 
-    def observe_reads(self, *, reads: int, busy_seconds: float, cpu_seconds: float) -> int | None:
-        """Take the first reads into account; return a new value or ``None``."""
+    def observe_reads(
+        self, *, reads: int, busy_seconds: float, cpu_seconds: float, now: float
+    ) -> int | None:
+        """Take the reads :meth:`first_reads` asked for into account; return a new value or None.
+
+        ``reads``, ``busy_seconds`` and ``cpu_seconds`` are the epoch's totals so
+        far; ``now`` is ``time.perf_counter()`` (the time of any change it records).
+        """
 
 
 class Fixed:
@@ -97,7 +103,9 @@ class Fixed:
         """Never: nothing to decide."""
         return None
 
-    def observe_reads(self, *, reads: int, busy_seconds: float, cpu_seconds: float) -> int | None:
+    def observe_reads(
+        self, *, reads: int, busy_seconds: float, cpu_seconds: float, now: float
+    ) -> int | None:
         """Ignore them: the setting stays."""
         return None
 
@@ -129,7 +137,9 @@ class AdaptivePolicy:
         """Reads after which to hear of them (none, unless a rule set says so)."""
         return None
 
-    def observe_reads(self, *, reads: int, busy_seconds: float, cpu_seconds: float) -> int | None:
+    def observe_reads(
+        self, *, reads: int, busy_seconds: float, cpu_seconds: float, now: float
+    ) -> int | None:
         """Take the first reads into account (nothing, unless a rule set says so)."""
         return None
 

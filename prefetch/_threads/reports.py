@@ -58,13 +58,20 @@ class Reports:
         engine.tell_after(self.threads.first_reads() if self.active else None)
 
     def reads_done(self, engine: Engine) -> None:
-        """The reads asked for are done: the thread policy may size the epoch from them."""
+        """The reads asked for are done: the thread policy may size the epoch from them.
+
+        It may ask to hear of more reads (its next :meth:`~ThreadPolicy.first_reads`).
+        """
         figures = engine.snapshot()
         wanted = self.threads.observe_reads(
-            reads=figures.reads, busy_seconds=figures.busy_seconds, cpu_seconds=figures.cpu_seconds
+            reads=figures.reads,
+            busy_seconds=figures.busy_seconds,
+            cpu_seconds=figures.cpu_seconds,
+            now=time.perf_counter(),
         )
         if wanted is not None:
             engine.set_threads(wanted)
+        engine.tell_after(self.threads.first_reads())
 
     def waited(self, seconds: float) -> None:
         """The loop waited ``seconds`` for a run: reported with the next hand-over."""

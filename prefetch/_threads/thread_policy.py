@@ -22,8 +22,9 @@ share* (CPU seconds per busy second of the threads).
 The rules (the guide explains them with a trace):
 
 * **Start from the first reads.** A fresh policy at the grain of samples
-  hears of each starting thread's first read (:meth:`ThreadPolicy.observe_reads`)
-  and jumps at once to ``cores / CPU share`` threads (within the maximum):
+  hears of each starting thread's first two reads (:meth:`ThreadPolicy.observe_reads`;
+  the second, warm one counts) and jumps at once to ``cores / CPU share``
+  threads (within the maximum):
   an epoch of a few batches then runs at the right count from its first
   batch, instead of growing window by window.
 
@@ -170,31 +171,48 @@ class ThreadPolicy(AdaptivePolicy):
         self._failures = 0  # probes that did not pay, ever: the back-off
         self._carry = NOTHING  # a partial window from the previous epoch
         self._sized = False  # the first reads sized it (sample grain; once per policy)
+        self._cold: tuple[int, float, float] | None = None  # the first reads' totals
         self._start_epoch_marks()
 
     def first_reads(self) -> int | None:
-        """A fresh policy at the grain of samples: hear of each starting thread's first read.
+        """A fresh policy at the grain of samples: hear of each starting thread's first two reads.
 
-        Before any batch reaches the loop, the first reads say how long a
-        read takes and how much of it is on the CPU: enough to size the
-        first epoch (:meth:`observe_reads`), instead of growing window by
-        window through an epoch that may have only a few batches.
+        Before any batch reaches the loop, the reads say how long a read
+        takes and how much of it is on the CPU: enough to size the first
+        epoch (:meth:`observe_reads`), instead of growing window by window
+        through an epoch that may have only a few batches. A thread's first
+        read is cold (the source's first decode, its imports, the engine's
+        start), so the figures are those of each thread's second read: the
+        policy asks for ``threads`` reads, then for ``threads`` more.
         """
         if self._rounds or self._sized:
             return None
-        return self.value
+        if self._cold is None:
+            return self.value
+        return self._cold[0] + self.value
 
-    def observe_reads(self, *, reads: int, busy_seconds: float, cpu_seconds: float) -> int | None:
-        """Size a fresh loader from its first reads: as many threads as keep the cores busy.
+    def observe_reads(
+        self, *, reads: int, busy_seconds: float, cpu_seconds: float, now: float
+    ) -> int | None:
+        """Size a fresh loader from its warm reads: as many threads as keep the cores busy.
 
-        A read that waits (storage, network) for most of its time leaves the
-        cores idle: ``cores / CPU share`` threads keep them busy, within the
-        maximum (at this grain threads share each batch, so more threads
-        hold no more batches). Then the windows go on as usual.
+        The first call keeps the cold reads' totals; the second sizes from
+        what the reads since took. A read that waits (storage, network) for
+        most of its time leaves the cores idle: ``cores / CPU share`` threads
+        keep them busy, within the maximum (at this grain threads share each
+        batch, so more threads hold no more batches). Then the windows go on
+        as usual.
         """
         if self._rounds or self._sized:
+            return None
+        if self._cold is None:
+            self._cold = (reads, busy_seconds, cpu_seconds)
             return None
         self._sized = True
+        self._now, self._items = now, self._stats.items
+        cold_reads, cold_busy, cold_cpu = self._cold
+        reads, busy_seconds = reads - cold_reads, busy_seconds - cold_busy
+        cpu_seconds -= cold_cpu
         if reads <= 0 or busy_seconds <= 0.0:
             return None
         share = min(1.0, cpu_seconds / busy_seconds) if cpu_seconds > 0.0 else 0.0
@@ -204,7 +222,7 @@ class ThreadPolicy(AdaptivePolicy):
             return None
         per_read = busy_seconds / reads
         self._reason = (
-            f"start: {reads} reads took {per_read * 1000:.3g} ms each, {share:.0%} of it on "
+            f"start: {reads} warm reads took {per_read * 1000:.3g} ms each, {share:.0%} of it on "
             f"the CPU; {new} threads keep {self.cores} cores busy"
             + (f" (the maximum of {self.maximum})" if new == self.maximum else "")
         )
