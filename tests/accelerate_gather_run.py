@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from torch.utils.data import DataLoader, DistributedSampler
 
 from tests.same_training import STACKS, THREAD_STACKS
@@ -49,6 +48,8 @@ def evaluate(accelerator: Any, loader: Any) -> list[list[dict[str, Any]]]:
 
 
 def main(out: str, samples: int) -> None:
+    from accelerate import Accelerator  # here: pytest imports this module for its doctests
+
     accelerator = Accelerator(cpu=True)
     data = torch.arange(samples)
     record: dict[str, Any] = {}
