@@ -63,39 +63,30 @@ def outcomes(iterator: Iterator[Any]) -> list[tuple[str, Any]]:
             seen.append(("error", error))
 
 
-class Exchanges:
-    """What the threads posted and the consumer exchanged, spied on for one test."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.posts: list[int] = []  # items per post
-        self.returned: list[int] = []  # tickets given back per exchange
-        self.taken: list[int] = []  # items taken per exchange
-        post, exchange = ThreadSide.post, ConsumerSide.exchange
-
-        def spy_post(side: ThreadSide, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
-            self.posts.append(len(run.items))
-            return post(side, seq, run, *args, **kwargs)
-
-        def spy_exchange(consumer: ConsumerSide, returned: int, *args: Any, **kwargs: Any) -> Any:
-            runs, waited = exchange(consumer, returned, *args, **kwargs)
-            self.returned.append(returned)
-            self.taken.append(sum(len(run.items) for run in runs))
-            return runs, waited
-
-        monkeypatch.setattr(ThreadSide, "post", spy_post)
-        monkeypatch.setattr(ConsumerSide, "exchange", spy_exchange)
-
-
 class TestRunsForm:
     """A fast source is handed over many items per locked section, not one."""
 
     def test_items_per_exchange_and_per_post(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """At depth 64, 20000 ints take a few hundred posts and exchanges, not 20000."""
-        spied = Exchanges(monkeypatch)
+        posts: list[int] = []
+        taken: list[int] = []
+        post, exchange = ThreadSide.post, ConsumerSide.exchange
+
+        def spy_post(self: ThreadSide, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
+            posts.append(len(run.items))
+            return post(self, seq, run, *args, **kwargs)
+
+        def spy_exchange(self: ConsumerSide, *args: Any, **kwargs: Any) -> Any:
+            runs, waited = exchange(self, *args, **kwargs)
+            taken.append(sum(len(run.items) for run in runs))
+            return runs, waited
+
+        monkeypatch.setattr(ThreadSide, "post", spy_post)
+        monkeypatch.setattr(ConsumerSide, "exchange", spy_exchange)
         assert list(BackgroundLoader(range(20_000), depth=64)) == list(range(20_000))
-        assert sum(spied.posts) == sum(spied.taken) == 20_000
-        assert len(spied.posts) <= 20_000 // 8  # at least 8 items a post on average
-        assert len(spied.taken) <= 20_000 // 4  # tickets given back every 16 items, at least
+        assert sum(posts) == sum(taken) == 20_000
+        assert len(posts) <= 20_000 // 8  # at least 8 items a post on average
+        assert len(taken) <= 20_000 // 4  # tickets given back every 16 items, at least
 
 
 class TestQuickLoop:
@@ -110,14 +101,27 @@ class TestQuickLoop:
         they come back every quarter either way.
         """
         monkeypatch.setattr(iterator_module, "QUICK_SECONDS", math.inf if quick else 0.0)
-        spied = Exchanges(monkeypatch)
+        posts: list[int] = []
+        exchanges: list[int] = []
+        post, exchange = ThreadSide.post, ConsumerSide.exchange
+
+        def spy_post(self: ThreadSide, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
+            posts.append(len(run.items))
+            return post(self, seq, run, *args, **kwargs)
+
+        def spy_exchange(self: ConsumerSide, returned: int, *args: Any, **kwargs: Any) -> Any:
+            exchanges.append(returned)
+            return exchange(self, returned, *args, **kwargs)
+
+        monkeypatch.setattr(ThreadSide, "post", spy_post)
+        monkeypatch.setattr(ConsumerSide, "exchange", spy_exchange)
         assert list(BackgroundLoader(range(4000), depth=8)) == list(range(4000))
-        assert sum(spied.returned) == 4000  # every ticket comes back, whatever the pace
+        assert sum(exchanges) == 4000  # every ticket comes back, whatever the pace
         gil_on = getattr(sys, "_is_gil_enabled", lambda: True)()
         if quick and gil_on:
-            assert len(spied.returned) <= len(spied.posts) + 2  # one a run, and the end's
+            assert len(exchanges) <= len(posts) + 2  # one a run, and the end's
         else:
-            assert len(spied.returned) >= 4000 // 2
+            assert len(exchanges) >= 4000 // 2
 
 
 class TestOrderAndErrors:
