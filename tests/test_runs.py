@@ -9,8 +9,6 @@ in the middle of a run all hold with them.
 from __future__ import annotations
 
 import gc
-import math
-import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +18,6 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
-from prefetch._threads import iterator as iterator_module
 from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.thread_side import ThreadSide
 
@@ -87,41 +84,6 @@ class TestRunsForm:
         assert sum(posts) == sum(taken) == 20_000
         assert len(posts) <= 20_000 // 8  # at least 8 items a post on average
         assert len(taken) <= 20_000 // 4  # tickets given back every 16 items, at least
-
-
-class TestQuickLoop:
-    """A quick loop gives tickets back once per run (GIL on); a slower one every quarter."""
-
-    @pytest.mark.parametrize("quick", [True, False])
-    def test_exchanges_per_run(self, monkeypatch: pytest.MonkeyPatch, quick: bool) -> None:
-        """Depth 8 (a quarter: 2 items), 4000 ints: one exchange a run, or one per 2 items.
-
-        Whether the loop counts as quick is scripted (``QUICK_SECONDS`` 0 or
-        infinite); with the GIL off the thread could use tickets at once, so
-        they come back every quarter either way.
-        """
-        monkeypatch.setattr(iterator_module, "QUICK_SECONDS", math.inf if quick else 0.0)
-        posts: list[int] = []
-        exchanges: list[int] = []
-        post, exchange = ThreadSide.post, ConsumerSide.exchange
-
-        def spy_post(self: ThreadSide, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
-            posts.append(len(run.items))
-            return post(self, seq, run, *args, **kwargs)
-
-        def spy_exchange(self: ConsumerSide, returned: int, *args: Any, **kwargs: Any) -> Any:
-            exchanges.append(returned)
-            return exchange(self, returned, *args, **kwargs)
-
-        monkeypatch.setattr(ThreadSide, "post", spy_post)
-        monkeypatch.setattr(ConsumerSide, "exchange", spy_exchange)
-        assert list(BackgroundLoader(range(4000), depth=8)) == list(range(4000))
-        assert sum(exchanges) == 4000  # every ticket comes back, whatever the pace
-        gil_on = getattr(sys, "_is_gil_enabled", lambda: True)()
-        if quick and gil_on:
-            assert len(exchanges) <= len(posts) + 2  # one a run, and the end's
-        else:
-            assert len(exchanges) >= 4000 // 2
 
 
 class TestOrderAndErrors:

@@ -254,11 +254,6 @@ class Engine:
         self.shared.stop()
 
     @property
-    def parallel_python(self) -> bool:
-        """Whether its threads run Python at the same time as the loop (the GIL is off)."""
-        return self.shared.parallel_python
-
-    @property
     def keeps(self) -> bool:
         """Whether a stop keeps what was drawn and not handed over (a one-shot source)."""
         return self.shared.keep

@@ -14,16 +14,10 @@ Invariants:
   depth, or the items ``max_bytes`` holds; at least every item), and
   whenever the items taken run out, the slow path gives their tickets back
   and takes the runs posted since
-  (:meth:`~prefetch._threads.consumer_side.ConsumerSide.exchange`). A quick
-  loop (its own time for a quarter under :data:`QUICK_SECONDS`, the GIL on)
-  gives them back after all it may hold instead: the thread, which cannot
-  run Python while the loop does, could not use them sooner, and each
-  exchange costs the loop a lock and a few microseconds (nor at a run's
-  last item: its next ``next()`` exchanges). A run's first and
+  (:meth:`~prefetch._threads.consumer_side.ConsumerSide.exchange`). A run's first and
   last items take the slow path too, which
   stamps ``stats.last_handoff`` (so an epoch's time ends at its last item,
-  to within a quarter of the depth when the loop stops in a run's middle,
-  or all of it for a quick loop).
+  to within a quarter of the depth when the loop stops in a run's middle).
   An item handed over is no longer referenced by the run, so the loop alone
   decides how long it lives.
 * **Reports are exact** (:mod:`prefetch._threads.reports`): the fast path
@@ -53,9 +47,6 @@ from prefetch._threads.policy import THREADS, Control, Fixed
 from prefetch._threads.reports import Reports
 
 T = TypeVar("T")
-
-QUICK_SECONDS = 50e-6
-"""A loop that handed over a return interval's items in less is quick (see the invariants)."""
 
 EngineFactory = Callable[
     [Iterator[Any], EpochRecord, bool, bool, "Callable[[], Any] | None", "int | None"], Engine
@@ -113,9 +104,6 @@ class BackgroundIterator(EpochIterator[T]):
         self._unreturned = self._unreturned_bytes = 0
         self._returned_pos = 0
         self._items_at_exchange = 0  # stats.items when tickets were last given back
-        self._quick_returns = False  # a quick loop gives tickets back less often (the GIL on)
-        self._slow_at = 0.0  # perf_counter() at the latest slow hand-over (less the waits since)
-        self._slow_items = 0  # stats.items then
         self._largest = 0  # bytes of the largest item taken (with a byte bound)
         self._return_every = max(1, depth.value // 4)
         self._reports = Reports(depth, threads)  # what the policies are told, and when
@@ -140,7 +128,6 @@ class BackgroundIterator(EpochIterator[T]):
         self._engine = self._stopper = engine
         self._record = record
         self._return_every = self._return_interval()
-        self._quick_returns = not engine.parallel_python
         self._finalizer = finalizer = weakref.finalize(self, engine.stop)
         finalizer.atexit = False
         self._reports.start(engine)
@@ -185,19 +172,15 @@ class BackgroundIterator(EpochIterator[T]):
                     item = items[pos]
                     items[pos] = None
                     handed = stats.items - self._items_at_exchange
-                    now = time.perf_counter()
-                    quick = self._quick(now, stats.items)
-                    every = self._return_every * (4 if quick else 1)
-                    run_end = pos + 1 == len(items) and not self._queued
-                    if (handed >= every or run_end) and not (run_end and quick):
+                    if handed >= self._return_every or (pos + 1 == len(items) and not self._queued):
                         self._exchange(wait=False)  # tickets back; the runs posted since
                         handed = 0
-                    stats.record_hand_over(now)
+                    stats.record_hand_over(time.perf_counter())
                     reports = self._reports
                     if reports.active:
                         self._report(reports)
                     # The fast path stops before a return point, a report and a run's last item.
-                    until = min(len(items) - 1, pos + every - handed)
+                    until = min(len(items) - 1, pos + self._return_every - handed)
                     if reports.active:
                         until = min(until, pos + reports.due(stats.items))
                     self._fast_until = until
@@ -229,16 +212,6 @@ class BackgroundIterator(EpochIterator[T]):
             self._largest = max(run.sizes)
             self._return_every = self._return_interval()
 
-    def _quick(self, now: float, items: int) -> bool:
-        """Whether the loop's own time for the items since the last slow call was short.
-
-        Short: a return interval's items at that pace take under
-        :data:`QUICK_SECONDS`. The time the slow calls waited is not the loop's.
-        """
-        since, self._slow_items = items - self._slow_items, items
-        spent, self._slow_at = now - self._slow_at, now
-        return self._quick_returns and spent * self._return_every < QUICK_SECONDS * since
-
     def _return_interval(self) -> int:
         """Items handed over between two exchanges: a quarter of what the bounds let in flight."""
         limit = self._depth.value
@@ -260,8 +233,6 @@ class BackgroundIterator(EpochIterator[T]):
         assert self._engine is not None  # started: _next_slow starts the epoch first
         engine = self._engine
         runs, waited = engine.consumer.exchange(returned, nbytes, wait=wait)
-        if waited:
-            self._slow_at += waited  # the loop's time excludes its waits
         if engine.told():  # the reads the thread policy asked to hear of are done
             self._reports.reads_done(engine)
         self._queued.extend(runs)
