@@ -127,15 +127,19 @@ class TestResidentSet:
 
     @pytest.mark.parametrize(("grain", "batches_over"), [("sample", 4), ("batch", 2 + 4)])
     def test_growth_with_glibcs_own_threshold(self, grain: str, batches_over: int) -> None:
-        """By default prefetch leaves malloc alone: the bound adds three batches per thread.
+        """By default prefetch leaves malloc alone: the bound adds a few batches per thread.
 
-        That is what glibc's per-thread arenas keep of freed batches (measured: 250 to
-        305 MiB here), and what ``return_freed_memory()`` gives back.
+        That is what glibc's per-thread arenas keep of freed batches, and what
+        ``return_freed_memory()`` gives back: three batches per thread with the
+        GIL (measured: 250 to 305 MiB here), four with it off, where the threads
+        allocate at the same time (measured on 3.13t: 337 to 375 MiB).
         """
+        per_thread = 3 if getattr(sys, "_is_gil_enabled", lambda: True)() else 4
         rss, peak_bytes, batches = growth(grain)
         assert batches == 48
         assert peak_bytes <= 64
-        assert rss <= 64 + (batches_over + 3 * 4) * 16 + SLACK_MIB, f"RSS grew {rss:.0f} MiB"
+        bound = 64 + (batches_over + per_thread * 4) * 16 + SLACK_MIB
+        assert rss <= bound, f"RSS grew {rss:.0f} MiB"
 
     @pytest.mark.parametrize("budget", [1, 64])
     def test_one_thread_within_the_stated_bound(self, budget: int) -> None:

@@ -19,7 +19,9 @@ One thread over an iterator takes every free ticket at once and posts what it
 drew as one :class:`~prefetch._threads.messages.Run` when its tickets are used
 up, at an error or the end, when the consumer waits for it (after a few, or
 after :data:`POST_AFTER` seconds), and at least every :data:`POST_AFTER`
-seconds (the items per post follow the measured rate): a fast source and a
+seconds (the items per post follow the measured rate), and after any draw
+that itself took :data:`POST_AFTER` or more (the source turned slow: what it
+holds would otherwise wait through the next draw too). A fast source and a
 fast loop meet once per run, not once per item. Parallel threads take one
 ticket per batch.
 
@@ -133,7 +135,7 @@ class Producer:
             # this thread blocks or waits in the source (then POST_AFTER posts): no early post.
             wake = max(1, count // 4) if shared.parallel_python else count
             used = 0
-            mark = time.perf_counter()
+            mark = now = time.perf_counter()
             while used < count and not shared.stopped:
                 used += 1  # this draw's ticket: its item's, its error's, or the final's
                 seq = shared.next_seq
@@ -170,16 +172,19 @@ class Producer:
                 if states is not None:
                     states.append(state)
                 drawn = len(items)
-                if used < count and (drawn >= self.post_every or shared.consumer_waiting):
-                    now = time.perf_counter()
-                    if drawn >= self.post_every or drawn >= wake or now - mark >= POST_AFTER:
-                        side.post(start, Run(items, states, sizes), held, seconds=now - mark)
-                        self._pace(now - mark, drawn)
-                        start += drawn
-                        items = []
-                        states = [] if states is not None else None
-                        sizes = [] if sizes is not None else None
-                        mark = now
+                # A draw that took POST_AFTER or more: the source is slow now, and the items
+                # held would wait through its next draw too. Post them.
+                now, last = time.perf_counter(), now
+                slow = now - last >= POST_AFTER
+                waited_for = shared.consumer_waiting and (drawn >= wake or now - mark >= POST_AFTER)
+                if used < count and (drawn >= self.post_every or slow or waited_for):
+                    side.post(start, Run(items, states, sizes), held, seconds=now - mark)
+                    self._pace(now - mark, drawn)
+                    start += drawn
+                    items = []
+                    states = [] if states is not None else None
+                    sizes = [] if sizes is not None else None
+                    mark = now
             ends = end is not None and end.kind.final
             if ends:  # before the lock goes: no thread draws after the end
                 side.end(source_ended=end is not None and end.error is None)
