@@ -130,11 +130,12 @@ class TestResidentSet:
         """By default prefetch leaves malloc alone: the bound adds a few batches per thread.
 
         That is what glibc's per-thread arenas keep of freed batches, and what
-        ``return_freed_memory()`` gives back: three batches per thread with the
-        GIL (measured: 250 to 305 MiB here), four with it off, where the threads
-        allocate at the same time (measured on 3.13t: 337 to 375 MiB).
+        ``return_freed_memory()`` gives back. It depends on the build, so the
+        test allows five batches per thread: measured 250 to 305 MiB with the
+        GIL (torch 2.13 CPU), 389 MiB on torch 2.6's CUDA build, 337 to 375 MiB
+        on 3.13t with the GIL off; all 48 batches kept would be 768 MiB.
         """
-        per_thread = 3 if getattr(sys, "_is_gil_enabled", lambda: True)() else 4
+        per_thread = 5
         rss, peak_bytes, batches = growth(grain)
         assert batches == 48
         assert peak_bytes <= 64

@@ -27,7 +27,10 @@ def accelerator_type() -> str | None:
     """Return the type of torch's current accelerator (``"cuda"``, ``"mps"``, ...), or ``None``."""
     if not accelerator_available():
         return None
-    accelerator = torch.accelerator.current_accelerator()
+    try:
+        accelerator = torch.accelerator.current_accelerator()
+    except RuntimeError:  # torch 2.6 with a CUDA build and no GPU: "none is available"
+        return None
     return accelerator.type if accelerator is not None else None
 
 
