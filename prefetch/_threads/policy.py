@@ -69,7 +69,21 @@ class Control(Protocol):
         """
 
 
-class Fixed:
+class NoReads:
+    """A control that hears of no reads: what :class:`Fixed` and most rule sets do."""
+
+    def first_reads(self) -> int | None:
+        """Never: a rule set that sizes from the first reads overrides this."""
+        return None
+
+    def observe_reads(
+        self, *, reads: int, busy_seconds: float, cpu_seconds: float, now: float
+    ) -> int | None:
+        """Ignore them: the setting stays."""
+        return None
+
+
+class Fixed(NoReads):
     """A setting that never changes, behind :class:`Control`.
 
     Example:
@@ -99,18 +113,8 @@ class Fixed:
         """Ignore the report: the setting stays."""
         return None
 
-    def first_reads(self) -> int | None:
-        """Never: nothing to decide."""
-        return None
 
-    def observe_reads(
-        self, *, reads: int, busy_seconds: float, cpu_seconds: float, now: float
-    ) -> int | None:
-        """Ignore them: the setting stays."""
-        return None
-
-
-class AdaptivePolicy:
+class AdaptivePolicy(NoReads):
     """The cycle of a self-tuning setting; a subclass adds its rules and ``observe``.
 
     Args:
@@ -132,16 +136,6 @@ class AdaptivePolicy:
     def drives(self, stats: LoaderStats) -> bool:
         """Whether ``stats`` belong to the epoch this policy adapts (the latest one)."""
         return self._stats is stats
-
-    def first_reads(self) -> int | None:
-        """Reads after which to hear of them (none, unless a rule set says so)."""
-        return None
-
-    def observe_reads(
-        self, *, reads: int, busy_seconds: float, cpu_seconds: float, now: float
-    ) -> int | None:
-        """Take the first reads into account (nothing, unless a rule set says so)."""
-        return None
 
     def start_epoch(self, stats: LoaderStats) -> None:
         """Begin an epoch whose stats receive the setting and its changes."""
