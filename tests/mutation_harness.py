@@ -23,6 +23,7 @@ at "failed to collect stats. runner returned 1".
 This plugin replaces mutmut's decorator factory, before the tests import
 the mutated package, by one whose trampoline is a single frame that does
 what mutmut's does (the ``fail`` check, the stats hit and its call context,
+kept per thread in a ``threading.local`` where mutmut uses a ``ContextVar``,
 the choice of the active mutant, else the original) and deletes its
 arguments on every way out, as the package's own frames do, and whose code
 names the mutated module's file, so that the package's search for the
@@ -46,8 +47,8 @@ import functools
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Callable
-from contextvars import Token
 from importlib.metadata import version
 from typing import Any
 
@@ -61,15 +62,21 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 def forgetful_trampolines(original: Callable[..., Decorator]) -> Callable[..., Decorator]:
     """mutmut's decorator factory ``original``, with trampolines that hold no argument."""
-    from mutmut.core import MutmutCallStack, MutmutProgrammaticFailException
+    from mutmut.core import MutmutProgrammaticFailException
     from mutmut.mutation.trampoline import get_mutant_under_test
     from mutmut.stats import record_trampoline_hit
     from mutmut.utils.format_utils import mangled_name_from_mutant_name
 
+    # The stats run's call context (the caller and the depth), per thread. mutmut keeps it
+    # in a ContextVar (MutmutCallStack); its stats run died twice of a segmentation fault
+    # inside ContextVar.set on a loading thread (docs/development.rst, "Mutation check").
+    # A new thread starts with no caller under either (threads do not inherit a context).
+    calls = threading.local()
+
     def choose(
         mutants: dict[str, Callable[..., Any]], module: str
-    ) -> tuple[Callable[..., Any], Token[Any] | None]:
-        """The function this call runs, and the stats call context to reset after it."""
+    ) -> tuple[Callable[..., Any], tuple[str | None, int] | None]:
+        """The function this call runs, and the stats call context to restore after it."""
         orig = mutants["_mutmut_orig"]
         active = get_mutant_under_test()
         if active == "fail":
@@ -78,12 +85,13 @@ def forgetful_trampolines(original: Callable[..., Decorator]) -> Callable[..., D
             )
         if active == "stats":
             name = f"{orig.__module__}.{mangled_name_from_mutant_name(orig.__name__)}"
-            caller, depth = MutmutCallStack.get()
+            caller, depth = getattr(calls, "context", (None, 0))
             most = int(os.environ.get("MUTMUT_DEPENDENCY_DEPTH", "-1"))
             if most != -1 and depth >= most:
                 return orig, None
             record_trampoline_hit(name, caller=caller)
-            return orig, MutmutCallStack.set((name, depth + 1))
+            calls.context = (name, depth + 1)
+            return orig, (caller, depth)
         active_module, _, mutant = active.rpartition(".")
         if active_module != module:
             return orig, None
@@ -110,7 +118,7 @@ def forgetful_trampolines(original: Callable[..., Decorator]) -> Callable[..., D
                     return target(*args, **kwargs)
                 finally:
                     if context is not None:
-                        MutmutCallStack.reset(context)
+                        calls.context = context
                     del args, kwargs  # a traceback may keep this frame (module docstring)
 
             # The frame counts as one of the module it stands in: the package's walk to the
