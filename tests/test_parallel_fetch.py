@@ -390,3 +390,14 @@ class TestStats:
         assert len(list(background)) == 4
         assert background.stats.collate_seconds >= 4 * 0.01
         assert background.stats.collate_seconds <= background.stats.source_seconds
+
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_a_failed_batch_adds_no_collate_time(self, threads: int) -> None:
+        """A batch whose read raised is never collated: collate_seconds counts none of it."""
+        dataset = Values(12, fail={index: KeyError(index) for index in range(12)})
+        background = BackgroundLoader(DataLoader(dataset, batch_size=3), fetch_threads=threads)
+        kinds = [kind for kind, _ in outcomes(iter(background))]
+        assert kinds == ["error"] * 4
+        stats = background.stats
+        assert stats.collate_seconds == 0.0
+        assert all(seconds >= 0.0 for seconds in stats.fetch_seconds), stats.fetch_seconds

@@ -270,6 +270,39 @@ class TestResumeAtEveryPoint:
                 assert len(head) + len(rest) == BATCHES
 
 
+class TestResumeAfterAnError:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    @pytest.mark.parametrize("batch", [0, 3])
+    def test_checkpoint_at_a_failed_batch_resumes_after_it(self, threads: int, batch: int) -> None:
+        """A batch whose read raised was drawn: the checkpoint at its error resumes after it.
+
+        As the plain StatefulDataLoader: the failed batch is neither repeated
+        nor anything after it skipped.
+        """
+
+        def failing() -> StatefulDataLoader:
+            error = KeyError("sample missing")
+            return StatefulDataLoader(Values(SAMPLES, "tuple", fail={3 * batch + 1: error}), 3)
+
+        def rest_after_the_error(loader: Any) -> tuple[list[Any], list[Any]]:
+            iterator = iter(loader)
+            head = [next(iterator) for _ in range(batch)]
+            with pytest.raises(KeyError, match="sample missing"):
+                next(iterator)
+            state = copy.deepcopy(loader.state_dict())
+            if isinstance(loader, BackgroundLoader):
+                iterator.close()
+            fresh = failing()
+            fresh.load_state_dict(state)
+            return head, list(fresh)
+
+        plain_head, plain_rest = rest_after_the_error(failing())
+        head, rest = rest_after_the_error(BackgroundLoader(failing(), fetch_threads=threads))
+        assert len(plain_rest) == BATCHES - batch - 1
+        assert_same_batches(head, plain_head)
+        assert_same_batches(rest, plain_rest)
+
+
 class TestSoak:
     def test_random_epochs(self) -> None:
         """Random thread counts, depths, errors and stops: nothing lost, repeated or left."""
