@@ -261,6 +261,32 @@ class TestErrorsInPlace:
         assert wrapped[2][1] is errors[2] and wrapped[5][1] is errors[5]
 
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_stop_iteration_from_a_read_is_raised_in_place(self, threads: int) -> None:
+        """A read raising StopIteration does not end the epoch: raised in place, as plain.
+
+        The plain DataLoader lets it out of that ``next()`` (a ``for`` loop
+        ends there) and a later ``next()`` goes on with the next batch; the
+        wrapper does the same, not taking it for the source's end.
+        """
+        stop = StopIteration("read stopped")
+
+        def after_the_stop(iterator: Any) -> tuple[list[Any], list[Any]]:
+            before = []
+            with pytest.raises(StopIteration) as raised:
+                while True:
+                    before.append(next(iterator))
+            assert raised.value is stop
+            return before, list(iterator)
+
+        dataset = Values(12, fail={4: stop})
+        plain = after_the_stop(iter(DataLoader(dataset, batch_size=3)))
+        loader = BackgroundLoader(DataLoader(dataset, batch_size=3), fetch_threads=threads)
+        wrapped = after_the_stop(iter(loader))
+        assert (len(plain[0]), len(plain[1])) == (1, 2)
+        assert_same_batches(wrapped[0], plain[0])
+        assert_same_batches(wrapped[1], plain[1])
+
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
     @pytest.mark.parametrize("batch", [0, 4])
     def test_base_exception_ends_the_epoch(self, threads: int, batch: int) -> None:
         """A BaseException in batch k ends the epoch after 0..k-1, and no thread is left."""
