@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.data._utils.collate import default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
@@ -273,16 +274,25 @@ class TestResumeAtEveryPoint:
 class TestResumeAfterAnError:
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
     @pytest.mark.parametrize("batch", [0, 3])
-    def test_checkpoint_at_a_failed_batch_resumes_after_it(self, threads: int, batch: int) -> None:
-        """A batch whose read raised was drawn: the checkpoint at its error resumes after it.
+    @pytest.mark.parametrize("where", ["read", "collate"])
+    def test_checkpoint_at_a_failed_batch_resumes_after_it(
+        self, threads: int, batch: int, where: str
+    ) -> None:
+        """A batch whose read or collate_fn raised was drawn: its checkpoint resumes after it.
 
         As the plain StatefulDataLoader: the failed batch is neither repeated
         nor anything after it skipped.
         """
 
+        def collate(samples: list[Any]) -> Any:
+            if where == "collate" and samples[0][1] == 3 * batch:  # no shuffle: batch's first
+                raise KeyError("sample missing")
+            return default_collate(samples)
+
         def failing() -> StatefulDataLoader:
-            error = KeyError("sample missing")
-            return StatefulDataLoader(Values(SAMPLES, "tuple", fail={3 * batch + 1: error}), 3)
+            fail = {3 * batch + 1: KeyError("sample missing")} if where == "read" else {}
+            dataset = Values(SAMPLES, "tuple", fail=fail)
+            return StatefulDataLoader(dataset, 3, collate_fn=collate)
 
         def rest_after_the_error(loader: Any) -> tuple[list[Any], list[Any]]:
             iterator = iter(loader)
