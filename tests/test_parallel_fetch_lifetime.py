@@ -38,7 +38,7 @@ from .parallel import (
     assert_same_outcomes,
     outcomes,
 )
-from .processes import prefetch_threads, settle
+from .processes import prefetch_threads, settle, wait_until
 
 STOP_SECONDS = 1.0
 """Longest a stop may take while every thread is blocked in a read."""
@@ -311,6 +311,21 @@ class TestResumeAfterAnError:
         assert len(plain_rest) == BATCHES - batch - 1
         assert_same_batches(head, plain_head)
         assert_same_batches(rest, plain_rest)
+
+
+class TestTicketsComeBack:
+    @pytest.mark.parametrize("threads", THREAD_COUNTS)
+    def test_every_ticket_is_back_after_a_whole_epoch(self, threads: int) -> None:
+        """Each batch's ticket is posted with it and given back: none in flight at the end."""
+        loader = BackgroundLoader(
+            DataLoader(Values(30), batch_size=3), depth=2, fetch_threads=threads
+        )
+        iterator = iter(loader)
+        engine = engine_of(iterator)
+        assert len(list(iterator)) == 10
+        assert wait_until(lambda: not prefetch_threads(), 5.0), prefetch_threads()
+        snapshot = engine.snapshot()
+        assert (snapshot.in_flight, snapshot.fetched) == (0, 10)
 
 
 class TestSoak:
