@@ -211,7 +211,7 @@ def check_bound(loader: BackgroundLoader[Any], dataset: Counted, bound: int) -> 
     engine = engine_of(iterator)
     for _ in range(dataset.size):
         wanted = min(dataset.consumed_calls + bound, dataset.size)
-        wait_for(lambda: dataset.started >= wanted, f"{wanted} reads to start")  # noqa: B023
+        wait_for(lambda: dataset.started >= wanted, f"{wanted} reads to start", collect=False)  # noqa: B023
         wait_went_ahead(engine)  # the threads went as far as they may: no read can begin now
         dataset.consumed_calls += 1
         next(iterator)
