@@ -18,6 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
+from .liveness import engine_of, wait_went_ahead
 from .processes import prefetch_threads, wait_until
 
 STACKS: dict[str, Callable[[Any], Any]] = {
@@ -385,6 +386,52 @@ class TestOneShotSources:
         with pytest.raises(ValueError, match="bad"):
             next(rest)
         assert list(rest) == []
+
+
+class OneShot:
+    """A one-shot iterator: ``size`` items, a ``ValueError``, then its end, which it counts."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.drawn, self.ends = size, 0, 0
+        self.raised = False
+
+    def __iter__(self) -> OneShot:
+        return self
+
+    def __next__(self) -> int:
+        if self.drawn < self.size:
+            self.drawn += 1
+            return self.drawn - 1
+        if not self.raised:
+            self.raised = True
+            raise ValueError("bad")
+        self.ends += 1  # asked past its end: a stream would block here, or start over
+        raise StopIteration
+
+
+class TestReadAheadCarried:
+    """What a closed epoch read ahead of a one-shot source is the next epoch's, in order."""
+
+    @pytest.mark.parametrize("depth", [2, 16])
+    def test_a_close_at_any_item_keeps_the_rest_the_error_and_the_end(self, depth: int) -> None:
+        """Closed after k items, once the thread went as far as it may: the next epoch
+        gives items k.., the source's error in its place, then ends without asking the
+        source again (it found the end once).
+        """
+        size = 6
+        for taken in range(size + 1):
+            source = OneShot(size)
+            loader = BackgroundLoader(source, depth=depth)
+            iterator = iter(loader)
+            wait_went_ahead(engine_of(iterator))  # runs may end anywhere: k cuts some
+            assert [next(iterator) for _ in range(taken)] == list(range(taken))
+            iterator.close()
+            rest = iter(loader)
+            assert [next(rest) for _ in range(taken, size)] == list(range(taken, size))
+            with pytest.raises(ValueError, match="bad"):
+                next(rest)
+            assert list(rest) == []
+            assert source.ends == 1, f"the source was asked past its end again ({taken=})"
 
 
 class TestMessages:

@@ -19,6 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
 from prefetch._threads.consumer_side import ConsumerSide
+from prefetch._threads.reports import Reports
 from prefetch._threads.thread_side import ThreadSide
 
 from .liveness import consume, engine_of, wait_went_ahead
@@ -162,6 +163,51 @@ class TestBounds:
         assert all(a is b for a, b in zip(got, items, strict=True))
         assert max(seen) <= 8 * 1024
         assert loader.stats.peak_bytes == 8 * 1024
+
+
+    @pytest.mark.parametrize("budget", [8 * 1024, 64 * 1024])
+    def test_every_ticket_and_byte_comes_back(self, budget: int) -> None:
+        """After a whole epoch nothing is in flight: every item's ticket and bytes are back,
+        those of runs the loop went through between two exchanges included."""
+        items = [torch.zeros(256) for _ in range(300)]
+        iterator = iter(BackgroundLoader(items, depth=64, max_bytes=budget))
+        engine = engine_of(iterator)
+        assert len(list(iterator)) == 300
+        snapshot = engine.snapshot()
+        assert (snapshot.in_flight, snapshot.buffered_bytes) == (0, 0)
+
+
+class TestReadyReported:
+    """What the adaptive depth hears at a hand-over: the items the loop could take at once."""
+
+    def test_ready_is_what_the_loop_holds(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Reported ``ready`` (this item included) is at least 1 and at most what was drawn
+        and not handed before; it reaches that bound whenever the loop just took every run
+        (the thread waits for tickets before each ``next()``, having posted all it drew).
+        """
+        drawn = [0]
+
+        def source() -> Iterator[int]:
+            for index in range(120):
+                drawn[0] += 1
+                yield index
+
+        seen: list[tuple[int, int]] = []  # (ready reported, drawn and not handed before)
+        hand_over = Reports.hand_over
+
+        def spy(self: Reports, ready: int, stats: Any, engine: Any) -> bool:
+            seen.append((ready, drawn[0] - (stats.items - 1)))
+            return hand_over(self, ready, stats, engine)
+
+        monkeypatch.setattr(Reports, "hand_over", spy)
+        iterator = iter(BackgroundLoader(source()))  # depth="auto": reports are on
+        engine = engine_of(iterator)
+        for _ in range(120):
+            wait_went_ahead(engine)  # drawn == posted: the thread waits with nothing held
+            next(iterator)
+        assert seen
+        assert all(1 <= ready <= most for ready, most in seen), seen
+        assert any(ready == most > 1 for ready, most in seen), seen
 
 
 class Tracked:
