@@ -164,7 +164,6 @@ class TestBounds:
         assert max(seen) <= 8 * 1024
         assert loader.stats.peak_bytes == 8 * 1024
 
-
     @pytest.mark.parametrize("budget", [8 * 1024, 64 * 1024])
     def test_every_ticket_and_byte_comes_back(self, budget: int) -> None:
         """After a whole epoch nothing is in flight: every item's ticket and bytes are back,
