@@ -9,6 +9,7 @@ in the middle of a run all hold with them.
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -87,6 +88,14 @@ class TestRunsForm:
         assert len(taken) <= 20_000 // 4  # tickets given back every 16 items, at least
 
 
+    @pytest.mark.parametrize("depth", [64, "auto"])
+    def test_each_item_is_counted_once(self, depth: int | str) -> None:
+        """``stats.items`` is the items handed over, those of the fast path included."""
+        loader = BackgroundLoader(range(5_000), depth=depth)
+        assert sum(1 for _ in loader) == 5_000
+        assert loader.stats.items == 5_000
+
+
 class TestOrderAndErrors:
     """Errors raised between items stand in their place inside runs, as the same objects."""
 
@@ -163,6 +172,34 @@ class TestBounds:
         assert all(a is b for a, b in zip(got, items, strict=True))
         assert max(seen) <= 8 * 1024
         assert loader.stats.peak_bytes == 8 * 1024
+
+    def test_a_used_up_run_gives_every_ticket_back(self) -> None:
+        """When the loop takes the last item it holds and no run is queued, every ticket
+        comes back then, not only at the quarter-depth returns: the thread can fill the
+        whole depth again while the loop holds that item.
+        """
+        depth = 30  # tickets come back every 7 items; the 30th is a run's last
+        gate = threading.Event()
+        drawn = [0]
+
+        def source() -> Iterator[int]:
+            for index in range(100):
+                if index == depth:
+                    gate.wait(10.0)  # nothing is posted after item 29 until the loop took it
+                drawn[0] += 1
+                yield index
+
+        iterator = iter(BackgroundLoader(source(), depth=depth))
+        engine = engine_of(iterator)
+        try:
+            wait_went_ahead(engine)  # items 0..29 drawn and posted
+            assert [next(iterator) for _ in range(depth)] == list(range(depth))
+            gate.set()
+            wait_went_ahead(engine)  # as far as the tickets given back let it
+            assert drawn[0] - depth == depth
+        finally:
+            gate.set()
+            iterator.close()
 
     @pytest.mark.parametrize("budget", [8 * 1024, 64 * 1024])
     def test_every_ticket_and_byte_comes_back(self, budget: int) -> None:
