@@ -87,7 +87,6 @@ class TestRunsForm:
         assert len(posts) <= 20_000 // 8  # at least 8 items a post on average
         assert len(taken) <= 20_000 // 4  # tickets given back every 16 items, at least
 
-
     @pytest.mark.parametrize("depth", [64, "auto"])
     def test_each_item_is_counted_once(self, depth: int | str) -> None:
         """``stats.items`` is the items handed over, those of the fast path included."""
