@@ -7,7 +7,9 @@ bounded waits of :mod:`tests.liveness` fail within seconds, naming it.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ import torch
 
 from prefetch import BackgroundLoader
 from prefetch._threads import shared as shared_module
+from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.shared import Shared
 
 from .liveness import consume, describe, engine_of, take, threads_blocked, wait_for
@@ -67,6 +70,41 @@ class TestWakeUps:
         wait_for(lambda: threads_blocked(engine), lambda: describe(engine), LIVENESS)
         iterator.close()
         wait_for(lambda: not thread.is_alive(), lambda: describe(engine), LIVENESS)
+
+
+@pytest.mark.usefixtures("no_poll")
+class TestTheLoopBlocks:
+    """A loop waiting for an item blocks until it is posted: it does not poll or spin."""
+
+    def test_a_waiting_next_asks_the_engine_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Waiting 0.3 s for an item takes one blocking exchange, not one per instant."""
+        gate = threading.Event()
+
+        def source() -> Iterator[int]:
+            yield 0
+            gate.wait(10.0)
+            yield 1
+
+        calls = [0]
+        exchange = ConsumerSide.exchange
+
+        def spy(self: ConsumerSide, *args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            return exchange(self, *args, **kwargs)
+
+        monkeypatch.setattr(ConsumerSide, "exchange", spy)
+        iterator = iter(BackgroundLoader(source(), depth=2))
+        opener = threading.Timer(0.3, gate.set)  # the wait's length, not a synchronisation
+        try:
+            assert next(iterator) == 0
+            before = calls[0]
+            opener.start()
+            assert next(iterator) == 1
+            assert calls[0] - before <= 3, calls[0] - before
+        finally:
+            opener.cancel()
+            gate.set()
+            iterator.close()
 
 
 class TestOversizedItem:
