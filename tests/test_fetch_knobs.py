@@ -18,7 +18,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import prefetch
-from prefetch import BackgroundLoader, FetchInfo, fetch_info
+from prefetch import BackgroundLoader, FetchInfo, fetch_info, sample_seed
+from prefetch._threads.fetch_info import (
+    _mix,
+    enter_fetch_thread,
+    enter_sample,
+    leave_fetch_thread,
+    leave_sample,
+)
 
 WAIT_SECONDS = 10.0
 """Longest the threads may take to meet at the barrier before the test fails."""
@@ -218,3 +225,68 @@ class TestThreadInitFn:
         """A value that is not a function is refused, naming the argument and the type."""
         with pytest.raises(TypeError, match=r"thread_init_fn=\.\.\.\) expects a function .* int"):
             BackgroundLoader(DataLoader(Recorder(2)), fetch_threads=2, thread_init_fn=3)  # type: ignore[arg-type]
+
+
+class TestSampleSeed:
+    """``sample_seed()``: one seed per sample of an epoch, from the base seed and its place."""
+
+    @staticmethod
+    def seeds(base: int, places: list[tuple[int, int]], offset: int = 0) -> list[int | None]:
+        """``sample_seed(offset)`` at each place, as a fetch thread of base seed ``base``."""
+        seeds: list[int | None] = []
+
+        def read() -> None:
+            enter_fetch_thread(0, base, lambda: 1)
+            try:
+                for batch, position in places:
+                    enter_sample(batch, position)
+                    seeds.append(sample_seed(offset))
+                    leave_sample()
+            finally:
+                leave_fetch_thread()
+
+        thread = threading.Thread(target=read)  # its own thread-locals, none left behind
+        thread.start()
+        thread.join()
+        return seeds
+
+    def test_the_mixer_is_splitmix64s_finalizer(self) -> None:
+        """splitmix64 from state 0 (the mixer over multiples of its gamma) gives its outputs."""
+        gamma, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
+        outputs = [_mix(gamma * step & mask) for step in range(1, 5)]
+        assert outputs == [
+            0xE220A8397B1DCDAF,
+            0x6E789E6AA1B965F4,
+            0x06C45D188009454F,
+            0xF88BB8A8724C81EC,
+        ]
+
+    def test_each_sample_of_an_epoch_has_its_own_seed(self) -> None:
+        """1,000 places (40 batches of 25): 1,000 seeds, each fit for manual_seed."""
+        places = [(batch, position) for batch in range(40) for position in range(25)]
+        seeds = self.seeds(1234, places)
+        assert len(set(seeds)) == len(places)
+        assert all(seed is not None and 0 <= seed < 1 << 63 for seed in seeds)
+
+    def test_another_base_seed_gives_other_seeds(self) -> None:
+        """Two epochs seeded apart share no sample seed at the same places."""
+        places = [(batch, position) for batch in range(4) for position in range(8)]
+        assert not set(self.seeds(1, places)) & set(self.seeds(2, places))
+
+    def test_offset_is_the_seed_of_a_later_sample_of_the_batch(self) -> None:
+        """In ``__getitems__``, ``sample_seed(k)`` is the seed of the sample k further on."""
+        assert self.seeds(7, [(3, 2)], offset=5) == self.seeds(7, [(3, 7)])
+        assert self.seeds(7, [(3, 2)], offset=5) != self.seeds(7, [(3, 2)])
+
+    def test_none_between_reads(self) -> None:
+        """In a fetch thread but outside a sample's read (``thread_init_fn``): ``None``."""
+        seen: list[int | None] = []
+
+        def init(index: int) -> None:
+            seen.append(sample_seed())
+
+        loader = BackgroundLoader(
+            DataLoader(Recorder(4), batch_size=1), fetch_threads=2, thread_init_fn=init
+        )
+        assert len(list(loader)) == 4
+        assert seen == [None, None]

@@ -30,7 +30,7 @@ from prefetch._threads.thread_policy import (
     START_THREADS,
     ThreadPolicy,
 )
-from prefetch._threads.thread_windows import available_cores, needed_gain
+from prefetch._threads.thread_windows import available_cores, needed_gain, size
 
 from . import thread_simulator as sim
 
@@ -713,3 +713,20 @@ class TestProperties:
         # after the k-th failed probe the next one waits 2**k windows: k <= log2(windows + 2)
         windows = epochs * len(workload.seconds) / MIN_WINDOW_ITEMS
         assert reverts <= math.log2(windows + 2)
+
+
+class TestSizeInReasons:
+    """Byte counts in the events' reasons: the largest binary unit that fits, 3 digits."""
+
+    @pytest.mark.parametrize(
+        ("nbytes", "text"),
+        [
+            (512, "512 bytes"),
+            (1 << 10, "1 KiB"),
+            (3 << 19, "1.5 MiB"),
+            (5 << 30, "5 GiB"),
+        ],
+    )
+    def test_unit_and_digits(self, nbytes: int, text: str) -> None:
+        """Each unit from its power of two up; below 1 KiB, bytes."""
+        assert size(nbytes) == text
