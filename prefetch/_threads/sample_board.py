@@ -88,10 +88,10 @@ class SampleBoard:
         >>> board = SampleBoard()
         >>> board.add(Reading(0, 0, [[3], [4]], [0, 1], 2, None))
         >>> batch, unit = board.take()
-        >>> board.give_back(batch, unit, ["a"], None)
+        >>> complete, (batch, unit) = board.give_back_and_take(batch, unit, ["a"], None)
+        >>> complete
         False
-        >>> batch, unit = board.take()
-        >>> board.give_back(batch, unit, ["b"], None)
+        >>> board.give_back_and_take(batch, unit, ["b"], None)[0]
         True
         >>> batch.parts
         [['a'], ['b']]
@@ -141,27 +141,24 @@ class SampleBoard:
             return batch, unit
         return None
 
-    def give_back(self, batch: Reading, unit: int, part: Any, error: BaseException | None) -> bool:
-        """Record a unit's result (or its error); ``True``: the batch is complete, for this thread.
-
-        After a ``BaseException`` the batch's later units are not read (the
-        DataLoader's loop would not reach them); its earlier ones still are,
-        since one of them may raise first.
-        """
-        with self._lock:
-            return self._give_back(batch, unit, part, error)
-
     def give_back_and_take(
         self, batch: Reading, unit: int, part: Any, error: BaseException | None
     ) -> tuple[bool, tuple[Reading, int] | None]:
-        """:meth:`give_back`, then, unless that completed the batch, :meth:`take`: one lock."""
+        """Record a unit's result (or its error), then take the next unit: one lock.
+
+        Returns whether the batch is complete, for this thread (then no unit
+        is taken), and the unit taken (``None``: none left). After a
+        ``BaseException`` the batch's later units are not read (the
+        DataLoader's loop would not reach them); its earlier ones still are,
+        since one of them may raise first.
+        """
         with self._lock:
             if self._give_back(batch, unit, part, error):
                 return True, None
             return False, self._take()
 
     def _give_back(self, batch: Reading, unit: int, part: Any, error: BaseException | None) -> bool:
-        """:meth:`give_back`, holding the lock."""
+        """Record a unit's result (holding the lock); whether the batch is now complete."""
         if error is not None:
             batch.errors[unit] = error
             if not isinstance(error, Exception) and unit + 1 < batch.end:
