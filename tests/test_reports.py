@@ -1,0 +1,107 @@
+"""``Reports``: when the adaptive depth hears of the hand-offs, and what it hears.
+
+The invariant of :mod:`prefetch._threads.reports`: a report goes to the
+policies at once when the loop waited or nearly did (took the last ready item
+below the ceiling), and otherwise after exactly ``max(REPORT_EVERY, depth)``
+quiet hand-offs. Checked here on the consumer's calls alone, with a depth
+policy that records what it is told and an engine that only answers
+``snapshot()``: no thread, no clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from prefetch._shared.stats import LoaderStats
+from prefetch._threads.messages import Snapshot
+from prefetch._threads.policy import DEPTH, THREADS, AdaptivePolicy, Fixed
+from prefetch._threads.reports import REPORT_EVERY, Reports
+
+
+class Listening(AdaptivePolicy):
+    """An adaptive depth that records each report (the hand-offs it counts, the ready)."""
+
+    setting = DEPTH
+
+    def __init__(self, value: int, maximum: int) -> None:
+        super().__init__(value, maximum)
+        self.heard: list[dict[str, Any]] = []
+
+    def observe(self, **report: Any) -> int | None:
+        self.heard.append(report)
+        return None
+
+
+class Figures:
+    """An engine as Reports sees it: figures read together, and nothing else."""
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            depth=4,
+            threads=1,
+            in_flight=0,
+            ready=0,
+            posted=0,
+            waiting_threads=0,
+            free=0,
+            fetched=0,
+            max_bytes=None,
+            buffered_bytes=0,
+            largest_item=0,
+            busy_seconds=0.0,
+            blocked_seconds=0.0,
+            cpu_seconds=0.0,
+            reads=0,
+        )
+
+
+def hand_overs(depth: Listening, ready: list[int], waits: frozenset[int] = frozenset()) -> None:
+    """Hand over one item per entry of ``ready`` (items ready then); the loop waited before
+    the items numbered in ``waits`` (from 1)."""
+    stats = LoaderStats()
+    depth.start_epoch(stats)
+    reports = Reports(depth, Fixed(THREADS, 1))
+    engine: Any = Figures()
+    for items, now_ready in enumerate(ready, start=1):
+        if items in waits:
+            reports.waited(0.5)
+        stats.items = items
+        reports.hand_over(now_ready, stats, engine)
+
+
+class TestReports:
+    @pytest.mark.parametrize("value", [4, 40])
+    def test_quiet_hand_offs_are_reported_every_max_report_every_depth(self, value: int) -> None:
+        """With items always to spare, the first hand-off (nothing could be ready before it)
+        and then every ``max(REPORT_EVERY, depth)``-th are reported, each counting the
+        hand-offs since the last."""
+        depth = Listening(value, 64)
+        every = max(REPORT_EVERY, value)
+        hand_overs(depth, [5] * (1 + 3 * every))
+        assert [report["count"] for report in depth.heard] == [1, every, every, every]
+        assert [report["ready"] for report in depth.heard] == [0, 5, 5, 5]
+
+    def test_a_wait_is_reported_at_once(self) -> None:
+        """The hand-off after a wait is reported there, with the wait and nothing ready."""
+        depth = Listening(4, 64)
+        hand_overs(depth, [5, 5, 5, 5, 0, 5], waits=frozenset({5}))
+        assert [report["count"] for report in depth.heard] == [1, 4]
+        assert (depth.heard[1]["waited"], depth.heard[1]["ready"]) == (0.5, 0)
+
+    def test_a_near_miss_is_reported_at_once_below_the_ceiling(self) -> None:
+        """Taking the last ready item is reported at once while the depth may still grow,
+        with the fewest ready since the last report; at the ceiling it waits its turn."""
+        below = Listening(4, 64)
+        hand_overs(below, [5, 3, 2, 1, 5])
+        assert [(report["count"], report["ready"]) for report in below.heard] == [(1, 0), (3, 1)]
+        at_ceiling = Listening(64, 64)
+        hand_overs(at_ceiling, [5, 3, 2, 1, 5])
+        assert [report["count"] for report in at_ceiling.heard] == [1]
+
+    def test_the_fewest_ready_since_the_last_report_is_what_it_hears(self) -> None:
+        """A quiet report carries the fewest items ready at any hand-off it covers."""
+        depth = Listening(4, 64)
+        hand_overs(depth, [9] + [9] * 7 + [2] + [9] * 8)
+        assert [(report["count"], report["ready"]) for report in depth.heard] == [(1, 0), (16, 2)]
