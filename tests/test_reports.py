@@ -34,6 +34,12 @@ class Listening(AdaptivePolicy):
         return None
 
 
+class ListeningThreads(Listening):
+    """An adaptive thread count that records each report."""
+
+    setting = THREADS
+
+
 class Figures:
     """An engine as Reports sees it: figures read together, and nothing else."""
 
@@ -57,12 +63,19 @@ class Figures:
         )
 
 
-def hand_overs(depth: Listening, ready: list[int], waits: frozenset[int] = frozenset()) -> None:
+def hand_overs(
+    depth: Listening,
+    ready: list[int],
+    waits: frozenset[int] = frozenset(),
+    threads: Listening | None = None,
+) -> None:
     """Hand over one item per entry of ``ready`` (items ready then); the loop waited before
     the items numbered in ``waits`` (from 1)."""
     stats = LoaderStats()
     depth.start_epoch(stats)
-    reports = Reports(depth, Fixed(THREADS, 1))
+    if threads is not None:
+        threads.start_epoch(stats)
+    reports = Reports(depth, threads if threads is not None else Fixed(THREADS, 1))
     engine: Any = Figures()
     for items, now_ready in enumerate(ready, start=1):
         if items in waits:
@@ -105,3 +118,10 @@ class TestReports:
         depth = Listening(4, 64)
         hand_overs(depth, [9] + [9] * 7 + [2] + [9] * 8)
         assert [(report["count"], report["ready"]) for report in depth.heard] == [(1, 0), (16, 2)]
+
+    def test_both_policies_hear_each_report(self) -> None:
+        """An adaptive thread count hears the same reports as the depth, with the items."""
+        depth, threads = Listening(4, 64), ListeningThreads(2, 32)
+        hand_overs(depth, [5] * 33, threads=threads)
+        assert len(depth.heard) == len(threads.heard) == 3
+        assert [report["items"] for report in threads.heard] == [1, 17, 33]
