@@ -27,6 +27,8 @@ from prefetch._threads.fetch_info import (
     leave_sample,
 )
 
+from .liveness import engine_of, wait_for
+
 WAIT_SECONDS = 10.0
 """Longest the threads may take to meet at the barrier before the test fails."""
 
@@ -168,6 +170,41 @@ class TestFetchInfo:
         with pytest.raises(AttributeError):
             info.index = 1  # type: ignore[misc]
         assert (info.index, info.threads, info.seed) == (0, 2, 5)
+
+
+class TestIndexReuse:
+    """A fetch thread that leaves frees its index for the next one started."""
+
+    def test_a_lowered_then_raised_count_reuses_the_freed_indices(self) -> None:
+        """Three threads, cut to one, then three again: the two new threads take the
+        indices of the two that left (each thread's ``thread_init_fn`` says its index)."""
+        started: list[tuple[int, str]] = []
+        lock = threading.Lock()
+
+        def init(index: int) -> None:
+            with lock:
+                started.append((index, threading.current_thread().name))
+
+        loader = BackgroundLoader(
+            DataLoader(Recorder(60), batch_size=1), depth=2, fetch_threads=3, thread_init_fn=init
+        )
+        iterator = iter(loader)
+        engine = engine_of(iterator)
+        try:
+            wait_for(lambda: len(started) == 3, "three threads set up")
+            engine.set_threads(1)
+            wait_for(
+                lambda: sum(thread.is_alive() for thread in engine.threads) == 1,
+                "two threads to leave",
+            )
+            staying = {thread.name for thread in engine.threads if thread.is_alive()}
+            left = {index for index, name in started if name not in staying}
+            engine.set_threads(3)
+            wait_for(lambda: len(started) == 5, "two more threads set up")
+            assert {index for index, _ in started[3:]} == left
+            assert [batch.item() for batch in iterator] == list(range(60))
+        finally:
+            iterator.close()
 
 
 class TestThreadInitFn:
