@@ -25,13 +25,14 @@ class Listening(AdaptivePolicy):
 
     setting = DEPTH
 
-    def __init__(self, value: int, maximum: int) -> None:
+    def __init__(self, value: int, maximum: int, answer: int | None = None) -> None:
         super().__init__(value, maximum)
         self.heard: list[dict[str, Any]] = []
+        self.answer = answer  # what observe() returns: a new value, or None
 
     def observe(self, **report: Any) -> int | None:
         self.heard.append(report)
-        return None
+        return self.answer
 
 
 class ListeningThreads(Listening):
@@ -41,24 +42,34 @@ class ListeningThreads(Listening):
 
 
 class Figures:
-    """An engine as Reports sees it: figures read together, and nothing else."""
+    """An engine as Reports sees it: figures read together; the changes it is told."""
+
+    def __init__(self, threads: int = 1) -> None:
+        self.threads = threads
+        self.changes: list[tuple[str, int]] = []
+
+    def set_depth(self, depth: int) -> None:
+        self.changes.append(("depth", depth))
+
+    def set_threads(self, count: int) -> None:
+        self.changes.append(("threads", count))
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
             depth=4,
-            threads=1,
+            threads=self.threads,
             in_flight=0,
             ready=0,
             posted=0,
             waiting_threads=0,
             free=0,
-            fetched=0,
+            fetched=40,
             max_bytes=None,
             buffered_bytes=0,
-            largest_item=0,
-            busy_seconds=0.0,
-            blocked_seconds=0.0,
-            cpu_seconds=0.0,
+            largest_item=1000,
+            busy_seconds=3.0,
+            blocked_seconds=0.25,
+            cpu_seconds=1.5,
             reads=0,
         )
 
@@ -95,6 +106,7 @@ class TestReports:
         hand_overs(depth, [5] * (1 + 3 * every))
         assert [report["count"] for report in depth.heard] == [1, every, every, every]
         assert [report["ready"] for report in depth.heard] == [0, 5, 5, 5]
+        assert {report["busy_seconds"] for report in depth.heard} == {3.0}  # one thread
 
     def test_a_wait_is_reported_at_once(self) -> None:
         """The hand-off after a wait is reported there, with the wait and nothing ready."""
@@ -125,3 +137,42 @@ class TestReports:
         hand_overs(depth, [5] * 33, threads=threads)
         assert len(depth.heard) == len(threads.heard) == 3
         assert [report["items"] for report in threads.heard] == [1, 17, 33]
+
+    def test_the_figures_and_the_answers_go_where_they_belong(self) -> None:
+        """The depth hears the busy time per thread (N threads make an item N times as
+        often); the thread count the totals; each new value goes to the engine, and a
+        changed depth is what ``hand_over`` returns."""
+        depth, threads = Listening(4, 64, answer=8), ListeningThreads(2, 32, answer=3)
+        stats = LoaderStats(wait_seconds=0.75)
+        depth.start_epoch(stats)
+        threads.start_epoch(stats)
+        reports = Reports(depth, threads)
+        engine: Any = Figures(threads=2)
+        stats.items = 1
+        assert reports.hand_over(5, stats, engine) is True
+        heard = depth.heard[0]
+        assert (heard["busy_seconds"], heard["blocked_seconds"]) == (1.5, 0.25)
+        assert (heard["fetched"], heard["largest_item"]) == (40, 1000)
+        told = threads.heard[0]
+        assert (told["busy_seconds"], told["cpu_seconds"], told["waited"]) == (3.0, 1.5, 0.75)
+        assert told["largest_item"] == 1000
+        assert engine.changes == [("depth", 8), ("threads", 3)]
+        depth.answer = None
+        stats.items = 2
+        assert reports.hand_over(5, stats, engine) is False  # not due, nothing changed
+        reports.waited(0.5)
+        stats.items = 3
+        assert reports.hand_over(0, stats, engine) is False  # heard, the depth stays
+        assert len(depth.heard) == 2
+
+    def test_an_older_epoch_stops_reporting(self) -> None:
+        """Once a newer epoch drives the policies, an older one's reports reach nobody."""
+        depth = Listening(4, 64)
+        stats = LoaderStats()
+        depth.start_epoch(stats)
+        reports = Reports(depth, Fixed(THREADS, 1))
+        depth.start_epoch(LoaderStats())  # a newer iter()
+        engine: Any = Figures()
+        stats.items = 1
+        assert reports.hand_over(0, stats, engine) is False
+        assert depth.heard == [] and reports.active is False
