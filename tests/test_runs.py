@@ -237,9 +237,12 @@ class TestReadyReported:
         monkeypatch.setattr(Reports, "hand_over", spy)
         iterator = iter(BackgroundLoader(source()))  # depth="auto": reports are on
         engine = engine_of(iterator)
-        for _ in range(120):
-            wait_went_ahead(engine)  # drawn == posted: the thread waits with nothing held
-            next(iterator)
+        try:
+            for _ in range(120):
+                wait_went_ahead(engine)  # drawn == posted: the thread waits with nothing held
+                next(iterator)
+        finally:
+            iterator.close()  # its thread ends here, whatever failed
         assert seen
         assert all(1 <= ready <= most for ready, most in seen), seen
         assert any(ready == most > 1 for ready, most in seen), seen
