@@ -458,6 +458,17 @@ class TestMessages:
         )
         assert repr(BackgroundLoader([1, 2])) == "BackgroundLoader([1, 2], depth='auto')"
 
+    def test_repr_names_each_option_set(self) -> None:
+        """Each option set beyond the depth follows it, in the order of the arguments."""
+        data = DataLoader(range(4))
+        assert repr(BackgroundLoader(data, fetch_threads=2, timeout=2.5, in_order=False)) == (
+            "BackgroundLoader(<DataLoader object>, depth='auto', fetch_threads=2, timeout=2.5, "
+            "in_order=False)"
+        )
+        assert repr(BackgroundLoader(data, 4, timeout=3)) == (
+            "BackgroundLoader(<DataLoader object>, depth=4, timeout=3)"
+        )
+
 
 class TestAttributesAreTheLoaders:
     """A DataLoader attribute read on a wrapper is the wrapped DataLoader's, never an option."""

@@ -427,3 +427,25 @@ class TestStats:
         stats = background.stats
         assert stats.collate_seconds == 0.0
         assert all(seconds >= 0.0 for seconds in stats.fetch_seconds), stats.fetch_seconds
+
+    def test_the_default_loader_reads_a_batch_at_a_time(self) -> None:
+        """Without fetch_threads the one thread reads each batch whole, as a worker does.
+
+        One read per batch (``fetch_reads``), one thread in the stats, and the
+        DataLoader's batches; at the grain of samples it would count a read per
+        sample.
+        """
+        reads: list[int] = []
+
+        class Counted(Values):
+            def __getitem__(self, index: int) -> Any:
+                reads.append(index)
+                return super().__getitem__(index)
+
+        loader = BackgroundLoader(DataLoader(Counted(12), batch_size=4), depth=2)
+        expected = [batch.tolist() for batch in DataLoader(Values(12), batch_size=4)]
+        assert [batch.tolist() for batch in loader] == expected
+        stats = loader.stats
+        assert (stats.fetch_threads, stats.peak_fetch_threads) == (1, 1)
+        assert stats.fetch_reads == [3] and stats.peak_samples == 4
+        assert sorted(reads) == list(range(12))

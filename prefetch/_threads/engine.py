@@ -150,7 +150,6 @@ class Engine:
         self.side = ThreadSide(self.shared)
         self.consumer = ConsumerSide(self.shared, timeout)
         self.reads = reads_units(tasks)  # threads read its draws' samples
-        self.parallel = reads_units(tasks) and tasks.parallel  # fetch_threads
         self.max_bytes = max_bytes
 
     @property
@@ -192,11 +191,6 @@ class Engine:
                         shared.staying -= 1
                     self._leave(None, held)
                 raise
-        if self.parallel:  # parallel fetch: the stats show the threads
-            stats = shared.record.stats
-            peak = stats.peak_fetch_threads
-            stats.fetch_threads = count
-            stats.peak_fetch_threads = count if peak is None else max(peak, count)
 
     def _work(self, held: Held) -> None:
         """The body of each thread: set up, produce, leave (never drops a failure)."""

@@ -329,7 +329,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         if self._parallel_fetch_available and not isinstance(source, Resumed):
             loader = cast("DataLoader[T]", self._loader)
             try:
-                return sampler_tasks(loader, source, "BackgroundLoader", "batch", parallel=False)
+                return sampler_tasks(loader, source, "BackgroundLoader", "batch")
             except TypeError:  # not torch's single-process iterator after all
                 pass
         return IteratorTasks(source, owned=owned)

@@ -60,10 +60,7 @@ class SamplerTasks:
         loader: DataLoader[Any],
         iterator: Iterator[Any],
         grain: str = "sample",
-        *,
-        parallel: bool = True,
     ) -> None:
-        self.parallel = parallel  # fetch_threads (False: the one thread of a default loader)
         self.sample_grain = grain == "sample"
         self.board = SampleBoard()
         self._iterator = iterator
@@ -202,13 +199,12 @@ def sampler_tasks(
     iterator: Iterator[Any],
     caller: str,
     grain: str = "sample",
-    *,
-    parallel: bool = True,
 ) -> SamplerTasks:
     """Return the parallel-fetch tasks of ``loader`` (checked), whose ``iter()`` gave ``iterator``.
 
-    ``parallel`` false: one thread reads them (the default ``BackgroundLoader``
-    over a map-style DataLoader, so that :func:`~prefetch.sample_seed` works).
+    The tasks are the same for one thread (the default ``BackgroundLoader``
+    over a map-style DataLoader, so that :func:`~prefetch.sample_seed` works):
+    the thread policy, not the tasks, records how many threads read them.
 
     Raises:
         TypeError: the iterator is not torch's single-process DataLoader iterator.
@@ -220,4 +216,4 @@ def sampler_tasks(
             f"iter({type(loader).__name__}) gave {type(iterator).__name__}"
         )
         raise TypeError(msg)
-    return SamplerTasks(loader, iterator, grain, parallel=parallel)
+    return SamplerTasks(loader, iterator, grain)

@@ -51,9 +51,6 @@ class BoardTasks(Tasks, Protocol):
     def board(self) -> SampleBoard:
         """The batches drawn and not yet complete, shared by the engine's threads."""
 
-    parallel: bool
-    """Whether ``fetch_threads`` reads it (false: one thread of a default loader)."""
-
     def plan(self, seq: int, task: Any, state: Any, threads: int) -> Reading:
         """Split the drawn ``task`` (numbered ``seq``) into units for the board."""
 
