@@ -19,10 +19,12 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
+from prefetch._threads import producers
 from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.reports import Reports
 from prefetch._threads.thread_side import ThreadSide
 
+from .clocks import FakeClock
 from .liveness import consume, engine_of, wait_went_ahead
 from .processes import prefetch_threads, wait_until
 
@@ -86,6 +88,44 @@ class TestRunsForm:
         assert sum(posts) == sum(taken) == 20_000
         assert len(posts) <= 20_000 // 8  # at least 8 items a post on average
         assert len(taken) <= 20_000 // 4  # tickets given back every 16 items, at least
+
+    @pytest.mark.parametrize(
+        ("step", "expected"),
+        [
+            (0.0, [1, 39]),  # draws that take no time: the whole count at once
+            (2e-6, [1, 25, 14]),  # 50 µs of draws a post, the count's rest in the last
+            (20e-6, [1] + [2] * 19 + [1]),
+            (30e-6, [1] * 40),  # at least one item a post
+        ],
+    )
+    def test_posts_follow_the_pace_of_the_draws(
+        self, monkeypatch: pytest.MonkeyPatch, step: float, expected: list[int]
+    ) -> None:
+        """With the loop away, the thread posts what it drew every ``POST_AFTER`` (50 µs) of
+        draws, one item first while the pace is unknown, on a clock the source moves."""
+        clock = FakeClock()
+        monkeypatch.setattr(producers, "time", clock)
+        posts: list[int] = []
+        post = ThreadSide.post
+
+        def spy(self: ThreadSide, seq: int, run: Any, *args: Any, **kwargs: Any) -> int:
+            posts.append(len(run.items))
+            return post(self, seq, run, *args, **kwargs)
+
+        monkeypatch.setattr(ThreadSide, "post", spy)
+
+        def source() -> Iterator[int]:
+            for index in range(100):
+                clock.advance(step)
+                yield index
+
+        iterator = iter(BackgroundLoader(source(), depth=40))
+        try:
+            wait_went_ahead(engine_of(iterator))  # no next() yet: the loop never waits
+            assert posts == expected
+            assert list(iterator) == list(range(100))
+        finally:
+            iterator.close()
 
     @pytest.mark.parametrize("depth", [64, "auto"])
     def test_each_item_is_counted_once(self, depth: int | str) -> None:

@@ -12,7 +12,6 @@ nothing sleeps, and no assertion is about how long anything took.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,30 +23,10 @@ from prefetch import BackgroundLoader, LoaderStats
 from prefetch._shared import cpu_clock, epoch, stats, totals
 from prefetch._threads import consumer_side, iterator, parallel_fetch, producers, thread_side
 
+from .clocks import START, FakeClock
 from .liveness import engine_of, threads_blocked, wait_for
 
 pytestmark = pytest.mark.timeout(30)
-
-START = 100.0
-
-
-class FakeClock:
-    """``time.perf_counter`` that moves only when told; the rest of ``time`` as it is."""
-
-    def __init__(self) -> None:
-        self.now = START
-        self._lock = threading.Lock()
-
-    def perf_counter(self) -> float:
-        with self._lock:
-            return self.now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.now += seconds
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
 
 
 @pytest.fixture
