@@ -552,6 +552,31 @@ class TestPinMemory:
         assert len(selected) == 1
         assert selected[0][0].startswith("prefetch-") and selected[0][1] == 3
 
+    @pytest.mark.parametrize("threads", [None, 2])
+    def test_pins_a_dataloaders_collated_batches(
+        self, monkeypatch: pytest.MonkeyPatch, threads: int | None
+    ) -> None:
+        """A DataLoader's batches, read by the loader's threads, are pinned once collated."""
+        from prefetch._shared import pinning as pinning
+        from prefetch._threads import fetch_options
+        from prefetch._threads import loader as background
+
+        pinned: list[tuple[str, list[int]]] = []
+
+        def fake_pin(tensor: torch.Tensor) -> torch.Tensor:
+            pinned.append((threading.current_thread().name, tensor.tolist()))
+            return tensor + 100
+
+        monkeypatch.setattr(pinning, "_pin_tensor", fake_pin)
+        monkeypatch.setattr(pinning, "accelerator_available", lambda: True)
+        monkeypatch.setattr(background, "current_device_index", lambda: 0)
+        monkeypatch.setattr(fetch_options, "select_device", lambda index: None)
+        data = DataLoader(range(6), batch_size=2)
+        loader = BackgroundLoader(data, pin_memory=True, fetch_threads=threads)
+        assert [batch.tolist() for batch in loader] == [[100, 101], [102, 103], [104, 105]]
+        assert sorted(values for _, values in pinned) == [[0, 1], [2, 3], [4, 5]]
+        assert all(name.startswith("prefetch-") for name, _ in pinned)
+
 
 class TestCheckpoint:
     """state_dict resumes right after the last item the consumer received."""
