@@ -449,3 +449,14 @@ class TestStats:
         assert (stats.fetch_threads, stats.peak_fetch_threads) == (1, 1)
         assert stats.fetch_reads == [3] and stats.peak_samples == 4
         assert sorted(reads) == list(range(12))
+
+    @pytest.mark.parametrize("threads", [None, 2])
+    def test_no_byte_limit_counts_no_bytes(self, threads: int | None) -> None:
+        """A fixed depth without max_bytes does not measure its batches: peak_bytes stays 0."""
+        data = DataLoader(torch.zeros(12, 256), batch_size=4)
+        loader = BackgroundLoader(data, depth=2, fetch_threads=threads)
+        assert [batch.shape for batch in loader] == [torch.Size([4, 256])] * 3
+        assert loader.stats.peak_bytes == 0
+        bounded = BackgroundLoader(data, depth=2, max_bytes=1 << 20, fetch_threads=threads)
+        assert len(list(bounded)) == 3
+        assert bounded.stats.peak_bytes >= 4 * 256 * 4  # a batch at least, when a limit applies
