@@ -26,6 +26,7 @@ from prefetch._threads.fetch_info import (
     leave_fetch_thread,
     leave_sample,
 )
+from prefetch._threads.thread_side import ThreadSide
 
 from .liveness import engine_of, wait_for
 
@@ -251,6 +252,34 @@ class TestThreadInitFn:
             for _ in iterator:
                 pass
         assert raised.value is error
+        assert next(iterator, "over") == "over"
+
+    def test_the_first_failure_is_the_one_raised(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Both threads' hooks raise, thread 1's after thread 0's failure was numbered: the
+        loop gets thread 0's, the epoch's end stands at the first failure."""
+        failed = threading.Event()
+        fail = ThreadSide.fail
+
+        def spy(self: ThreadSide, error: BaseException) -> Any:
+            final = fail(self, error)
+            failed.set()
+            return final
+
+        monkeypatch.setattr(ThreadSide, "fail", spy)
+        errors = [ValueError("thread 0"), ValueError("thread 1")]
+
+        def init(index: int) -> None:
+            if index == 1:
+                assert failed.wait(10.0)
+            raise errors[index]
+
+        loader = BackgroundLoader(
+            DataLoader(Recorder(8), batch_size=1), fetch_threads=2, thread_init_fn=init
+        )
+        iterator = iter(loader)
+        with pytest.raises(ValueError) as raised:
+            next(iterator)
+        assert raised.value is errors[0]
         assert next(iterator, "over") == "over"
 
     def test_refused_without_fetch_threads(self) -> None:
