@@ -26,6 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prefetch import BackgroundLoader
 from prefetch._threads.engine import Engine
+from prefetch._threads.sample_board import SampleBoard
 
 from .liveness import begin, engine_of, wait_for, wait_went_ahead
 from .parallel import (
@@ -326,6 +327,47 @@ class TestTicketsComeBack:
         assert wait_until(lambda: not prefetch_threads(), 5.0), prefetch_threads()
         snapshot = engine.snapshot()
         assert (snapshot.in_flight, snapshot.fetched) == (0, 10)
+
+    def test_every_ticket_is_back_after_an_ending_error(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A BaseException ends the epoch at batch 0 while thread B still reads batch 1:
+        the later batch is cut, and once the threads left no ticket is in flight."""
+        entered, release = threading.Event(), threading.Event()
+        error = Abort("batch 0")
+        cut = SampleBoard.cut
+
+        def spy(self: SampleBoard, seq: int) -> int:
+            dropped = cut(self, seq)
+            release.set()  # batch 1 was cut while its read went on
+            return dropped
+
+        monkeypatch.setattr(SampleBoard, "cut", spy)
+
+        class Ending(Values):
+            def __getitem__(self, index: int) -> Any:
+                if index == 0:
+                    assert entered.wait(10.0)  # batch 1 is being read
+                    raise error
+                if index == 1:
+                    entered.set()
+                    assert release.wait(10.0)  # until batch 0 ended the epoch there
+                return super().__getitem__(index)
+
+        loader = BackgroundLoader(DataLoader(Ending(8)), depth=4, fetch_threads=2)
+        iterator = iter(loader)
+        engine = engine_of(iterator)
+        try:
+            with pytest.raises(Abort) as raised:
+                next(iterator)
+            assert raised.value is error
+            assert next(iterator, "over") == "over"
+        finally:
+            release.set()
+            iterator.close()
+        assert wait_until(lambda: not prefetch_threads(), 5.0), prefetch_threads()
+        snapshot = engine.snapshot()
+        assert (snapshot.in_flight, snapshot.fetched) == (0, 0)
 
 
 class TestSoak:
