@@ -12,6 +12,7 @@ nothing sleeps, and no assertion is about how long anything took.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +22,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader, LoaderStats
 from prefetch._shared import cpu_clock, epoch, stats, totals
-from prefetch._threads import consumer_side, iterator, parallel_fetch, producers, thread_side
+from prefetch._threads import (
+    consumer_side,
+    iterator,
+    parallel_fetch,
+    producers,
+    shared,
+    thread_side,
+)
 
 from .clocks import START, FakeClock
 from .liveness import engine_of, threads_blocked, wait_for
@@ -233,6 +241,41 @@ class TestParallelFetch:
         assert figures.source_seconds == 8 * 0.5 + 2 * 0.25
         assert figures.peak_samples == 4
         assert not figures.parallel_fetch_available  # it reads in parallel already
+
+    def test_read_cpu_reaches_the_thread_policy(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With fetch_threads="auto" the engine sums each read's CPU (the thread's clock
+        before and after the read), which its thread policy weighs: 0.25 s for each of 12."""
+        cpu: dict[int, float] = {}
+
+        class ThreadClock:
+            """``time.thread_time`` moved by the reads; the rest of ``time`` as it is."""
+
+            def thread_time(self) -> float:
+                return cpu.get(threading.get_ident(), 0.0)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(time, name)
+
+        class Burning(Dataset[int]):
+            def __len__(self) -> int:
+                return 12
+
+            def __getitem__(self, index: int) -> int:
+                thread = threading.get_ident()
+                cpu[thread] = cpu.get(thread, 0.0) + 0.25
+                return index
+
+        monkeypatch.setattr(shared, "time", ThreadClock())
+        loader = BackgroundLoader(DataLoader(Burning(), batch_size=4), fetch_threads="auto")
+        iterator = iter(loader)
+        engine = engine_of(iterator)
+        assert [batch.tolist() for batch in iterator] == [
+            [0, 1, 2, 3],
+            [4, 5, 6, 7],
+            [8, 9, 10, 11],
+        ]
+        snapshot = engine.snapshot()
+        assert (snapshot.reads, snapshot.cpu_seconds) == (12, 12 * 0.25)
 
 
 class TestCpuClocks:
