@@ -11,8 +11,10 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from prefetch import BackgroundLoader
 from prefetch._shared.stats import LoaderStats, ThreadEvent
 from prefetch._threads.policy import THREADS, Control, Fixed
+from prefetch._threads.reports import Reports
 from prefetch._threads.thread_policy import (
     DEFAULT_MAX_THREADS,
     MAX_GROWTH,
@@ -666,6 +669,35 @@ class TestWithBackgroundLoader:
             assert after.old == before.new
         assert stats.fetch_threads == events[-1].new
         assert stats.peak_fetch_threads == max(e.new for e in events)
+
+    def test_the_policy_hears_of_the_first_reads_as_they_end(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The first two reads (one a thread) reach the policy before any other read ends,
+        although a thread adds its reads to the figures only every eight otherwise."""
+        heard, release = threading.Event(), threading.Event()
+        waits: list[bool] = []
+        reads_done = Reports.reads_done
+
+        def spy(self: Reports, engine: Any) -> None:
+            heard.set()
+            release.set()
+            reads_done(self, engine)
+
+        monkeypatch.setattr(Reports, "reads_done", spy)
+
+        class Held(Dataset[int]):
+            def __len__(self) -> int:
+                return 8
+
+            def __getitem__(self, index: int) -> int:
+                if index >= 2:
+                    waits.append(release.wait(10.0))  # until the policy heard of reads 0 and 1
+                return index
+
+        loader = BackgroundLoader(DataLoader(Held(), batch_size=4), fetch_threads="auto")
+        assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert heard.is_set() and waits == [True] * 6
 
 
 def hold_kind(reason: str) -> str:
