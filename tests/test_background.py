@@ -285,13 +285,23 @@ class TestErrors:
         assert wait_until(lambda: not torch.multiprocessing.active_children(), 5, collect=False)
         assert held.__traceback__ is not None  # the error and its frames were held meanwhile
 
-    def test_dead_thread_raises_runtime_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """If the thread dies without a message, next() raises RuntimeError promptly."""
+    @pytest.mark.parametrize("threads", [None, 2])
+    def test_dead_thread_raises_runtime_error(
+        self, monkeypatch: pytest.MonkeyPatch, threads: int | None
+    ) -> None:
+        """If the threads die without a message, next() raises RuntimeError promptly,
+        naming each of them."""
         monkeypatch.setattr(Engine, "_work", lambda self, held: self._leave(None, held))
-        it = iter(BackgroundLoader(range(3)))
+        it = iter(BackgroundLoader(DataLoader(range(3)), fetch_threads=threads))
+        names = ", ".join(repr(thread.name) for thread in engine_of(it).threads)
+        assert names.count("'prefetch-") == (threads or 1)
         started = time.monotonic()
-        with pytest.raises(RuntimeError, match="exited without"):
+        with pytest.raises(RuntimeError) as raised:
             next(it)
+        assert str(raised.value) == (
+            f"prefetch thread(s) {names} exited without delivering an item, an error or "
+            "the end of the data"
+        )
         assert time.monotonic() - started < 2
 
 
