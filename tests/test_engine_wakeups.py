@@ -72,6 +72,39 @@ class TestWakeUps:
         wait_for(lambda: not thread.is_alive(), lambda: describe(engine), LIVENESS)
 
 
+class TestNoSpareWakeUps:
+    """A side is woken only while it waits, and the threads once until one waits again."""
+
+    @pytest.mark.parametrize("depth", [1, 2, 8])
+    def test_each_wake_finds_a_waiter(self, monkeypatch: pytest.MonkeyPatch, depth: int) -> None:
+        """Over an epoch of a source without a length (no end gate), every wake-up of the
+        threads finds one waiting for tickets and not woken yet, and every wake-up of the
+        loop finds it waiting for a run."""
+        seen: list[tuple[str, bool]] = []
+        wake_threads, wake_consumer = Shared.wake_threads, Shared.wake_consumer
+
+        def threads(self: Shared) -> None:
+            seen.append(("threads", self.waiting > 0 and not self.woken))
+            wake_threads(self)
+
+        def consumer(self: Shared) -> None:
+            seen.append(("consumer", self.consumer_waiting))
+            wake_consumer(self)
+
+        monkeypatch.setattr(Shared, "wake_threads", threads)
+        monkeypatch.setattr(Shared, "wake_consumer", consumer)
+
+        def source() -> Iterator[int]:
+            for index in range(3_000):
+                if index % 500 == 0:
+                    time.sleep(0.001)  # the loop waits now and then
+                yield index
+
+        assert list(BackgroundLoader(source(), depth=depth)) == list(range(3_000))
+        assert {side for side, _ in seen} == {"threads", "consumer"}
+        assert [side for side, waiting in seen if not waiting] == []
+
+
 @pytest.mark.usefixtures("no_poll")
 class TestTheLoopBlocks:
     """A loop waiting for an item blocks until it is posted: it does not poll or spin."""
