@@ -23,6 +23,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
+from .liveness import engine_of, wait_went_ahead
 from .parallel import (
     THREAD_COUNTS,
     Abort,
@@ -225,7 +226,71 @@ class TestOrder:
             assert len({name for _, name in dataset.reads[48:]}) > 1
 
 
+class FailingDraws:
+    """A batch sampler of twelve one-sample batches whose draws at the positions of ``errors``
+    (from 1) raise its error there and go on; ``draws`` counts its draws.
+
+    A plain object that is its own iterator and starts over in ``__iter__``, as
+    hand-written samplers do: the DataLoader calls ``iter()`` on it once an epoch.
+    """
+
+    def __init__(self, errors: dict[int, Exception]) -> None:
+        self.errors = errors
+        self.draws = self.position = 0
+
+    def __iter__(self) -> FailingDraws:
+        self.position = 0
+        return self
+
+    def __next__(self) -> list[int]:
+        self.draws += 1
+        self.position += 1
+        if self.position > 12:
+            raise StopIteration
+        if self.position in self.errors:
+            raise self.errors[self.position]
+        return [self.position]
+
+    def __len__(self) -> int:
+        return 12
+
+
 class TestErrorsInPlace:
+    @pytest.mark.parametrize("threads", [None, 2])
+    @pytest.mark.parametrize("failing", [(), (1,), (1, 2, 5), (3, 12)])
+    def test_a_samplers_draw_errors_in_place(
+        self, threads: int | None, failing: tuple[int, ...]
+    ) -> None:
+        """A batch sampler whose draws raise and go on, the first one included: the
+        DataLoader's batches and errors, each once, in its order (the first draw, taken in
+        iter() to fix a seeded shuffle, is not repeated)."""
+        errors: dict[int, Exception] = {position: KeyError(position) for position in failing}
+        plain = outcomes(iter(DataLoader(Values(20), batch_sampler=FailingDraws(errors))))
+        sampler = FailingDraws(errors)
+        loader = BackgroundLoader(
+            DataLoader(Values(20), batch_sampler=sampler), fetch_threads=threads
+        )
+        assert_same_outcomes(outcomes(iter(loader)), plain)
+        assert sampler.draws == 13
+
+    @pytest.mark.parametrize("threads", [2, 3])
+    def test_draw_errors_hold_a_ticket_each(self, threads: int) -> None:
+        """A sampler's errors that go on take a ticket each, as batches do: with the loop away
+        the threads draw depth + threads - 1 times, no more; then the DataLoader's outcomes."""
+        errors: dict[int, Exception] = {position: KeyError(position) for position in (2, 4, 6)}
+        plain = outcomes(iter(DataLoader(Values(20), batch_sampler=FailingDraws(errors))))
+        sampler = FailingDraws(errors)
+        loader = BackgroundLoader(
+            DataLoader(Values(20), batch_sampler=sampler), depth=2, fetch_threads=threads
+        )
+        iterator = iter(loader)
+        try:
+            wait_went_ahead(engine_of(iterator))
+            assert sampler.draws == 2 + threads - 1
+            assert_same_outcomes(outcomes(iterator), plain)
+        finally:
+            iterator.close()
+
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
     @pytest.mark.parametrize("batch", [0, 3, 9])
     def test_getitem_error_then_the_epoch_goes_on(self, threads: int, batch: int) -> None:

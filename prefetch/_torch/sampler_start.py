@@ -17,7 +17,6 @@ first ``next()`` on the producer thread, as it would without this.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,7 +42,8 @@ def start_sampler_here(source: Any) -> None:
     """Start ``source``'s sampler now if it is a plain single-process DataLoader iterator.
 
     An error the sampler raises is kept and raised at the first ``next()``,
-    in its place, as without this.
+    in its place, as without this; later draws ask the sampler's iterator
+    again, as the DataLoader would (one whose draws raise and go on goes on).
     """
     if not SAMPLER_START.active():
         return
@@ -58,11 +58,36 @@ def start_sampler_here(source: Any) -> None:
     except StopIteration:
         return  # an empty sampler: the first next() ends the epoch as before
     except Exception as error:
-        source._sampler_iter = _raise_first(error)
+        source._sampler_iter = _Started(indices, error, raised=True)
         return
-    source._sampler_iter = itertools.chain((first,), indices)
+    source._sampler_iter = _Started(indices, first, raised=False)
 
 
-def _raise_first(error: Exception) -> Iterator[Any]:
-    raise error
-    yield  # pragma: no cover  (makes this a generator: the error waits for next())
+class _Started:
+    """A started sampler iterator: its first draw, then the iterator's own ``next()``.
+
+    The first draw is an index, or the error the sampler raised for it.
+
+    Only ``next()`` is called on the iterator, never ``iter()`` again: a sampler
+    object whose ``__iter__`` starts over and returns itself would repeat its
+    first draw (``itertools.chain`` calls ``iter()`` on what it chains).
+    """
+
+    __slots__ = ("_first", "_indices", "_raised")
+
+    def __init__(self, indices: Iterator[Any], first: Any, *, raised: bool) -> None:
+        self._indices = indices
+        self._first: Any = first
+        self._raised = raised
+
+    def __iter__(self) -> _Started:
+        return self
+
+    def __next__(self) -> Any:
+        first = self._first
+        if first is _MISSING:
+            return next(self._indices)
+        self._first = _MISSING
+        if self._raised:
+            raise first
+        return first
