@@ -14,13 +14,22 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from prefetch import BackgroundLoader
 from prefetch._threads import shared as shared_module
 from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.shared import Shared
 
-from .liveness import consume, describe, engine_of, take, threads_blocked, wait_for
+from .liveness import (
+    consume,
+    describe,
+    engine_of,
+    take,
+    threads_blocked,
+    wait_for,
+    wait_went_ahead,
+)
 
 LIVENESS = 2.0
 
@@ -59,6 +68,32 @@ class TestWakeUps:
             engine.set_depth(3)
             wait_for(lambda: engine.snapshot().ready == 3, lambda: describe(engine), LIVENESS)
             assert [take(iterator, LIVENESS) for _ in range(3)] == [0, 1, 2]
+        finally:
+            iterator.close()
+
+    @pytest.mark.parametrize("depth", [1, 2, 4])
+    def test_units_to_read_wake_a_thread_waiting_for_tickets(self, depth: int) -> None:
+        """Two fetch threads, every read waiting for a second one under way: a batch drawn
+        while the other thread waits for a ticket wakes it to read the batch's other half."""
+        barrier = threading.Barrier(2, timeout=LIVENESS)
+
+        class Pairs(torch.utils.data.Dataset[int]):
+            def __len__(self) -> int:
+                return 16
+
+            def __getitem__(self, index: int) -> int:
+                barrier.wait()  # alone, it fails the test: BrokenBarrierError
+                return index
+
+        data = DataLoader(Pairs(), batch_size=2)
+        iterator = iter(BackgroundLoader(data, depth=depth, fetch_threads=2))
+        try:
+            engine = engine_of(iterator)
+            got = []
+            for _ in range(8):  # each batch taken once both threads wait for a ticket
+                wait_went_ahead(engine, LIVENESS)
+                got.append(take(iterator, LIVENESS).tolist())
+            assert got == [[2 * i, 2 * i + 1] for i in range(8)]
         finally:
             iterator.close()
 
