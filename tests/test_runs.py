@@ -240,6 +240,17 @@ class TestBounds:
             gate.set()
             iterator.close()
 
+    def test_no_byte_limit_counts_no_bytes(self) -> None:
+        """Without max_bytes a fixed depth measures no item (peak_bytes 0); an iterator's
+        items are not collated (collate_seconds 0); with a limit the bytes count."""
+        items = [torch.zeros(256) for _ in range(40)]
+        loader = BackgroundLoader(items, depth=8)
+        assert all(a is b for a, b in zip(loader, items, strict=True))
+        assert (loader.stats.peak_bytes, loader.stats.collate_seconds) == (0, 0.0)
+        bounded = BackgroundLoader(items, depth=8, max_bytes=1 << 20)
+        assert len(list(bounded)) == 40
+        assert bounded.stats.peak_bytes >= 1024
+
     @pytest.mark.parametrize("budget", [8 * 1024, 64 * 1024])
     def test_every_ticket_and_byte_comes_back(self, budget: int) -> None:
         """After a whole epoch nothing is in flight: every item's ticket and bytes are back,
