@@ -562,6 +562,31 @@ class TestPinMemory:
         assert len(selected) == 1
         assert selected[0][0].startswith("prefetch-") and selected[0][1] == 3
 
+    def test_a_pinning_error_arrives_in_its_place(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Pinning that raises for one item: the loop gets that error where the item was,
+        then the items after it (an Exception does not end the epoch)."""
+        from prefetch._shared import pinning as pinning
+        from prefetch._threads import fetch_options
+        from prefetch._threads import loader as background
+
+        error = ValueError("cannot pin item 1")
+
+        def fake_pin(tensor: torch.Tensor) -> torch.Tensor:
+            if int(tensor) == 1:
+                raise error
+            return tensor + 100
+
+        monkeypatch.setattr(pinning, "_pin_tensor", fake_pin)
+        monkeypatch.setattr(pinning, "accelerator_available", lambda: True)
+        monkeypatch.setattr(background, "current_device_index", lambda: 0)
+        monkeypatch.setattr(fetch_options, "select_device", lambda index: None)
+        iterator = iter(BackgroundLoader([torch.tensor(i) for i in range(3)], pin_memory=True))
+        assert int(next(iterator)) == 100
+        with pytest.raises(ValueError) as raised:
+            next(iterator)
+        assert raised.value is error
+        assert [int(item) for item in iterator] == [102]
+
     @pytest.mark.parametrize("threads", [None, 2])
     def test_pins_a_dataloaders_collated_batches(
         self, monkeypatch: pytest.MonkeyPatch, threads: int | None
