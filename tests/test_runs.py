@@ -90,19 +90,22 @@ class TestRunsForm:
         assert len(taken) <= 20_000 // 4  # tickets given back every 16 items, at least
 
     @pytest.mark.parametrize(
-        ("step", "expected"),
+        ("steps", "expected"),
         [
-            (0.0, [1, 39]),  # draws that take no time: the whole count at once
-            (2e-6, [1, 25, 14]),  # 50 µs of draws a post, the count's rest in the last
-            (20e-6, [1] + [2] * 19 + [1]),
-            (30e-6, [1] * 40),  # at least one item a post
+            ([0.0], [1, 39]),  # draws that take no time: the whole count at once
+            ([2e-6], [1, 25, 14]),  # 50 µs of draws a post, the count's rest in the last
+            ([20e-6], [1] + [2] * 19 + [1]),
+            ([30e-6], [1] * 40),  # at least one item a post
+            # a draw that turns slow (100 µs) is posted at once, with what was held
+            ([1e-6] * 20 + [100e-6] * 3 + [1e-6], [1, 20, 1, 1, 1, 16]),
         ],
     )
     def test_posts_follow_the_pace_of_the_draws(
-        self, monkeypatch: pytest.MonkeyPatch, step: float, expected: list[int]
+        self, monkeypatch: pytest.MonkeyPatch, steps: list[float], expected: list[int]
     ) -> None:
         """With the loop away, the thread posts what it drew every ``POST_AFTER`` (50 µs) of
-        draws, one item first while the pace is unknown, on a clock the source moves."""
+        draws, one item first while the pace is unknown, and at once after a draw of 50 µs
+        or more, on a clock the source moves (the last step repeats)."""
         clock = FakeClock()
         monkeypatch.setattr(producers, "time", clock)
         posts: list[int] = []
@@ -116,7 +119,7 @@ class TestRunsForm:
 
         def source() -> Iterator[int]:
             for index in range(100):
-                clock.advance(step)
+                clock.advance(steps[min(index, len(steps) - 1)])
                 yield index
 
         iterator = iter(BackgroundLoader(source(), depth=40))
