@@ -98,6 +98,8 @@ class TestRunsForm:
             ([30e-6], [1] * 40),  # at least one item a post
             # a draw that turns slow (100 µs) is posted at once, with what was held
             ([1e-6] * 20 + [100e-6] * 3 + [1e-6], [1, 20, 1, 1, 1, 16]),
+            # slower draws, each under 50 µs: held for the count, the loop being away
+            ([1e-6] * 20 + [30e-6], [1, 39]),
         ],
     )
     def test_posts_follow_the_pace_of_the_draws(
