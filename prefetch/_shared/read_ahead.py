@@ -81,6 +81,18 @@ class Resumed(Iterator[Any]):
             raise StopIteration
         return next(self.source)
 
+    def rest(self) -> ReadAhead:
+        """Take the entries not drawn yet, and whether the end came (once its epoch stopped).
+
+        They come after what its epoch drew and did not hand over: the next
+        epoch starts with both, in that order.
+        """
+        rest = ReadAhead()
+        rest.add(self._entries)
+        rest.ended = self._ended
+        self._entries.clear()
+        return rest
+
     def raised(self, error: BaseException) -> bool:
         """Whether ``error`` is one this iterator carried and raised (the source's own error)."""
         return id(error) in self._raised

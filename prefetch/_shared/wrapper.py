@@ -117,6 +117,7 @@ class LoaderWrapper:
         self._sharding_checked = False  # looked for a DataLoader that every rank reads whole
         self._preparation_due = True  # look once for a DataLoader accelerate did not prepare
         self._warned_used_up = False
+        self._resumed: Resumed | None = None  # the latest epoch's carried entries, still to draw
         self._totals = EpochTotals()
         # Whether fetch_threads could read what this stack reads (the summary's advice names it).
         self._parallel_fetch_available: bool = (
@@ -159,6 +160,9 @@ class LoaderWrapper:
                 raise RuntimeError(msg)
             self._epochs.stop_all(reason=why, wait=True)
             carried = self._epochs.take_read_ahead()  # a one-shot source's: nothing is lost
+            if self._resumed is not None:  # what it carried in and its threads never drew
+                carried.extend(self._resumed.rest())
+                self._resumed = None
             last = self._epochs.last
             used_up = last is not None and last.source_ended and not carried
             if used_up and isinstance(loader, Iterator) and not self._warned_used_up:
@@ -183,7 +187,7 @@ class LoaderWrapper:
         record.stats.facts = self._facts
         owned = source is not loader  # a one-shot iterator the user passed in stays open
         if carried:
-            source = Resumed(carried, source)
+            source = self._resumed = Resumed(carried, source)
         iterator._launch(
             source,
             record,
