@@ -371,6 +371,18 @@ class TestOneShotSources:
         loader._depth.value = 8
         assert list(loader) == list(range(2, 40))
 
+    def test_an_end_carried_and_drawn_still_warns_the_next_epoch(self) -> None:
+        """Epoch 1 read to the end and was closed; epoch 2 hands the rest and that end;
+        epoch 3 is empty and says why, as after any used-up one-shot source."""
+        loader = BackgroundLoader(iter(range(3)), depth=8)
+        first = iter(loader)
+        assert next(first) == 0
+        wait_went_ahead(engine_of(first))
+        first.close()
+        assert list(loader) == [1, 2]
+        with pytest.warns(UserWarning, match="this epoch is empty"):
+            assert list(loader) == []
+
     @pytest.mark.parametrize("stack", STACKS)
     def test_close_keeps_the_read_ahead_too(self, stack: str) -> None:
         """Closed mid-epoch, then the loader closed: the next epoch starts where the loop was."""

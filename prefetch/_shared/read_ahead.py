@@ -69,6 +69,7 @@ class Resumed(Iterator[Any]):
         self._entries = deque(carried.entries)
         self._ended = carried.ended
         self._raised: set[int] = set()
+        self._end_drawn = False  # the carried end was drawn: its epoch found it
 
     def __next__(self) -> Any:
         if self._entries:
@@ -78,6 +79,7 @@ class Resumed(Iterator[Any]):
                 raise entry.error
             return entry.item
         if self._ended:
+            self._end_drawn = True
             raise StopIteration
         return next(self.source)
 
@@ -89,7 +91,7 @@ class Resumed(Iterator[Any]):
         """
         rest = ReadAhead()
         rest.add(self._entries)
-        rest.ended = self._ended
+        rest.ended = self._ended and not self._end_drawn  # an end drawn is its epoch's
         self._entries.clear()
         return rest
 
