@@ -26,6 +26,11 @@ of torch's locks then hang for good:
   ``_shutdown_workers`` sets it first, and ``set()`` blocks. torch counts on
   its ``SIGCHLD`` handler to break that hang by raising in the main thread;
   a prefetch thread that shuts the iterator down is never interrupted.
+  torch's own report of the death (``_mark_worker_as_unavailable``) reads
+  the event too, so a prefetch thread drawing at that moment waits for good
+  (the loop still gets the error from torch's handler, but the thread stays
+  behind). Not worked around: a worker is inside that read for microseconds
+  of each batch, so a kill seldom lands there.
 
 Off: the death is still reported to the loop, but the thread may read on
 and wait for ever, and shutting the workers down may hang (a ``prefetch-N``
