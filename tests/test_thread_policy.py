@@ -33,7 +33,14 @@ from prefetch._threads.thread_policy import (
     START_THREADS,
     ThreadPolicy,
 )
-from prefetch._threads.thread_windows import available_cores, needed_gain, size
+from prefetch._threads.thread_windows import (
+    Window,
+    available_cores,
+    figure,
+    needed_gain,
+    rate,
+    size,
+)
 
 from . import thread_simulator as sim
 
@@ -287,6 +294,16 @@ class TestFirstReads:
         assert event.seconds == pytest.approx(0.25)  # from the epoch's start, at the decision
         assert event.reason.startswith("start: 2 warm reads took 20 ms each, 5% of it on the CPU")
         assert policy.first_reads() is None  # once per policy: later epochs keep what it learned
+
+    def test_reads_of_seconds_read_in_whole_milliseconds(self) -> None:
+        """Warm reads of 1.5 s each are said as '1500 ms', not '1.5e+03 ms'."""
+        policy = ThreadPolicy(cores=2, sample_grain=True)
+        stats = LoaderStats(started=10.0)
+        policy.start_epoch(stats)
+        assert policy.observe_reads(reads=2, busy_seconds=3.0, cpu_seconds=0.03, now=13.0) is None
+        assert policy.observe_reads(reads=4, busy_seconds=6.0, cpu_seconds=0.06, now=16.0) == 32
+        (event,) = stats.thread_events
+        assert event.reason.startswith("start: 2 warm reads took 1500 ms each, 1% of it on the CPU")
 
     @pytest.mark.parametrize(("cpu", "expected"), [(0.020, None), (0.004, 10)])
     def test_reads_on_the_cpu_stay_within_the_cores(self, cpu: float, expected: int | None) -> None:
@@ -757,8 +774,23 @@ class TestSizeInReasons:
             (1 << 10, "1 KiB"),
             (3 << 19, "1.5 MiB"),
             (5 << 30, "5 GiB"),
+            ((1 << 20) - 1, "1024 KiB"),
+            (1000 << 10, "1000 KiB"),
+            (2000 << 30, "2000 GiB"),
         ],
     )
     def test_unit_and_digits(self, nbytes: int, text: str) -> None:
-        """Each unit from its power of two up; below 1 KiB, bytes."""
+        """Each unit from its power of two up; below 1 KiB, bytes; never an exponent."""
         assert size(nbytes) == text
+
+    @pytest.mark.parametrize(
+        ("value", "text"),
+        [(0.04567, "0.0457"), (12.34, "12.3"), (999.4, "999"), (999.5, "1000"), (2.5e6, "2500000")],
+    )
+    def test_figures_have_three_digits_and_no_exponent(self, value: float, text: str) -> None:
+        """Rates and times in reasons: three significant digits, whole numbers from 1000 up."""
+        assert figure(value) == text
+
+    def test_a_fast_window_reads_in_batches_per_second(self) -> None:
+        """A window of 5000 batches in a second is '5000 batches/s', not '5e+03 batches/s'."""
+        assert rate(Window(1.0, 5000, 0.0, 0.0, 0.0)) == "5000 batches/s"

@@ -79,6 +79,7 @@ from prefetch._threads.thread_windows import (
     NOTHING,
     Window,
     available_cores,
+    figure,
     needed_gain,
     rate,
     size,
@@ -222,8 +223,8 @@ class ThreadPolicy(AdaptivePolicy):
             return None
         per_read = busy_seconds / reads
         self._reason = (
-            f"start: {reads} warm reads took {per_read * 1000:.3g} ms each, {share:.0%} of it on "
-            f"the CPU; {new} threads keep {self.cores} cores busy"
+            f"start: {reads} warm reads took {figure(per_read * 1000)} ms each, {share:.0%} "
+            f"of it on the CPU; {new} threads keep {self.cores} cores busy"
             + (f" (the maximum of {self.maximum})" if new == self.maximum else "")
         )
         return self._change(new, self._reason)

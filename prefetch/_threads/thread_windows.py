@@ -82,13 +82,24 @@ NOTHING = Window(0.0, 0, 0.0, 0.0, 0.0)
 """A window of nothing (what a fresh measurement carries over)."""
 
 
+def figure(value: float) -> str:
+    """Format a figure for a reason: three significant digits, whole from 1000 up.
+
+    Example:
+        >>> figure(0.04567), figure(12.34), figure(999.4), figure(1023.9), figure(12345.6)
+        ('0.0457', '12.3', '999', '1024', '12346')
+    """
+    return f"{value:.3g}" if abs(value) < 999.5 else f"{value:.0f}"
+
+
 def rate(window: Window) -> str:
-    return f"{window.throughput:.3g} batches/s"
+    """Format a window's throughput for a reason: ``'12.3 batches/s'``."""
+    return f"{figure(window.throughput)} batches/s"
 
 
 def size(n: int) -> str:
     """Format a byte count for a reason: ``'512 bytes'``, ``'1.5 MiB'``."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift:
-            return f"{n / (1 << shift):.3g} {unit}"
+            return f"{figure(n / (1 << shift))} {unit}"
     return f"{n} bytes"
