@@ -297,8 +297,11 @@ class TestSampleSeed:
     """``sample_seed()``: one seed per sample of an epoch, from the base seed and its place."""
 
     @staticmethod
-    def seeds(base: int, places: list[tuple[int, int]], offset: int = 0) -> list[int | None]:
-        """``sample_seed(offset)`` at each place, as a fetch thread of base seed ``base``."""
+    def seeds(
+        base: int, places: list[tuple[int, int]], offset: int | None = None
+    ) -> list[int | None]:
+        """``sample_seed(offset)`` at each place (``sample_seed()`` for ``None``), as a fetch
+        thread of base seed ``base``."""
         seeds: list[int | None] = []
 
         def read() -> None:
@@ -306,7 +309,7 @@ class TestSampleSeed:
             try:
                 for batch, position in places:
                     enter_sample(batch, position)
-                    seeds.append(sample_seed(offset))
+                    seeds.append(sample_seed() if offset is None else sample_seed(offset))
                     leave_sample()
             finally:
                 leave_fetch_thread()
@@ -343,6 +346,7 @@ class TestSampleSeed:
         """In ``__getitems__``, ``sample_seed(k)`` is the seed of the sample k further on."""
         assert self.seeds(7, [(3, 2)], offset=5) == self.seeds(7, [(3, 7)])
         assert self.seeds(7, [(3, 2)], offset=5) != self.seeds(7, [(3, 2)])
+        assert self.seeds(7, [(3, 2)], offset=0) == self.seeds(7, [(3, 2)])  # the default
 
     def test_none_between_reads(self) -> None:
         """In a fetch thread but outside a sample's read (``thread_init_fn``): ``None``."""

@@ -5,7 +5,7 @@ policies at once when the loop waited or nearly did (took the last ready item
 below the ceiling), and otherwise after exactly ``max(REPORT_EVERY, depth)``
 quiet hand-offs. Checked here on the consumer's calls alone, with a depth
 policy that records what it is told and an engine that only answers
-``snapshot()``: no thread, no clock.
+``snapshot()``: no thread, and no clock but one the test moves.
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 
 from prefetch._shared.stats import LoaderStats
+from prefetch._threads import reports as reports_module
 from prefetch._threads.messages import Snapshot
 from prefetch._threads.policy import DEPTH, THREADS, AdaptivePolicy, Fixed
 from prefetch._threads.reports import REPORT_EVERY, Reports
+
+from .clocks import START, FakeClock
 
 
 class Listening(AdaptivePolicy):
@@ -164,6 +167,35 @@ class TestReports:
         stats.items = 3
         assert reports.hand_over(0, stats, engine) is False  # heard, the depth stays
         assert len(depth.heard) == 2
+
+    def test_the_step_is_the_time_since_the_last_report_less_the_wait(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """On a clock the test moves: a report after a wait hears the seconds since the last
+        report less that wait; a quiet report hears no wait and all the seconds."""
+        clock = FakeClock()
+        monkeypatch.setattr(reports_module, "time", clock)
+        depth = Listening(4, 64)
+        stats = LoaderStats()
+        depth.start_epoch(stats)
+        reports = Reports(depth, Fixed(THREADS, 1))
+        engine: Any = Figures()
+        stats.items = 1
+        reports.hand_over(5, stats, engine)  # the first: reported at once
+        clock.advance(2.0)
+        reports.waited(0.5)
+        stats.items = 2
+        reports.hand_over(0, stats, engine)  # after a wait: at once
+        for items in range(3, 3 + REPORT_EVERY):
+            clock.advance(0.25)
+            stats.items = items
+            reports.hand_over(5, stats, engine)
+        assert len(depth.heard) == 3
+        after_wait, quiet = depth.heard[1], depth.heard[2]
+        assert (after_wait["waited"], after_wait["step"]) == (0.5, pytest.approx(1.5))
+        assert (quiet["waited"], quiet["ready"]) == (0.0, 5)
+        assert quiet["step"] == pytest.approx(0.25 * REPORT_EVERY)
+        assert quiet["now"] == pytest.approx(START + 2.0 + 0.25 * REPORT_EVERY)
 
     def test_an_older_epoch_stops_reporting(self) -> None:
         """Once a newer epoch drives the policies, an older one's reports reach nobody."""
