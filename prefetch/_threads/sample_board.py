@@ -174,7 +174,15 @@ class SampleBoard:
         return True
 
     def cut(self, seq: int) -> int:
-        """Drop every batch from ``seq`` on (a final message there); return their tickets."""
+        """Drop every batch from ``seq`` on (a final message there); return their tickets.
+
+        Example:
+            >>> board = SampleBoard()
+            >>> for seq in range(3):  # batches of 2, 3 and 4 samples
+            ...     board.add(Reading(seq, seq, [[seq]], [0], seq + 2, None))
+            >>> board.cut(1), board.samples, board.peak_samples
+            (2, 2, 9)
+        """
         with self._lock:
             self._cut = min(self._cut, seq)
             dropped = [s for s in self._reading if s >= self._cut]
