@@ -612,6 +612,28 @@ class TestPinMemory:
         assert sorted(values for _, values in pinned) == [[0, 1], [2, 3], [4, 5]]
         assert all(name.startswith("prefetch-") for name, _ in pinned)
 
+    def test_a_pinning_dataloader_pins_its_batches_read_by_threads(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``DataLoader(pin_memory=True)`` read by ``fetch_threads``: each collated batch is
+        pinned as the DataLoader's own iterator pins it, for its pin device."""
+        from prefetch._threads import parallel_fetch
+
+        pinned: list[tuple[str, list[int], Any]] = []
+
+        def fake_pin(batch: torch.Tensor, device: Any) -> torch.Tensor:
+            pinned.append((threading.current_thread().name, batch.tolist(), device))
+            return batch + 100
+
+        # Without an accelerator torch's iterator turns pin_memory off: say it is on.
+        monkeypatch.setattr(parallel_fetch, "pin_settings", lambda iterator: (True, "fake:0"))
+        monkeypatch.setattr(parallel_fetch, "pin", fake_pin)
+        loader = BackgroundLoader(DataLoader(range(6), batch_size=2), fetch_threads=2)
+        assert [batch.tolist() for batch in loader] == [[100, 101], [102, 103], [104, 105]]
+        assert sorted(values for _, values, _ in pinned) == [[0, 1], [2, 3], [4, 5]]
+        assert {device for _, _, device in pinned} == {"fake:0"}
+        assert all(name.startswith("prefetch-") for name, _, _ in pinned)
+
 
 class TestCheckpoint:
     """state_dict resumes right after the last item the consumer received."""

@@ -13,6 +13,7 @@ import math
 import os
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader
 from prefetch._shared.stats import LoaderStats, ThreadEvent
+from prefetch._threads import thread_windows
 from prefetch._threads.policy import THREADS, Control, Fixed
 from prefetch._threads.reports import Reports
 from prefetch._threads.thread_policy import (
@@ -762,6 +764,24 @@ class TestProperties:
         # after the k-th failed probe the next one waits 2**k windows: k <= log2(windows + 2)
         windows = epochs * len(workload.seconds) / MIN_WINDOW_ITEMS
         assert reverts <= math.log2(windows + 2)
+
+
+class TestAvailableCores:
+    """The cores the policies size for: the CPU affinity where the OS has one, else the count."""
+
+    def test_the_affinity_where_there_is_one(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """One core in the affinity of a machine of 8: 1."""
+        fake = types.SimpleNamespace(sched_getaffinity=lambda pid: {pid + 5}, cpu_count=lambda: 8)
+        monkeypatch.setattr(thread_windows, "os", fake)
+        assert available_cores() == 1
+
+    @pytest.mark.parametrize(("count", "cores"), [(3, 3), (None, 1)])
+    def test_else_the_cpu_count_or_one(
+        self, monkeypatch: pytest.MonkeyPatch, count: int | None, cores: int
+    ) -> None:
+        """Without an affinity call: ``os.cpu_count()``, or 1 where it is unknown."""
+        monkeypatch.setattr(thread_windows, "os", types.SimpleNamespace(cpu_count=lambda: count))
+        assert available_cores() == cores
 
 
 class TestSizeInReasons:
