@@ -348,6 +348,59 @@ class TestSampleSeed:
         assert self.seeds(7, [(3, 2)], offset=5) != self.seeds(7, [(3, 2)])
         assert self.seeds(7, [(3, 2)], offset=0) == self.seeds(7, [(3, 2)])  # the default
 
+    @pytest.mark.parametrize("batch_size", [3, None])
+    def test_a_loader_gives_each_sample_the_seed_of_its_place(self, batch_size: int | None) -> None:
+        """Read by two threads, sample ``i`` gets the seed of its place: batch ``i // 3``,
+        position ``i % 3`` (unbatched: batch ``i``, position 0), under the epoch's base seed."""
+        seen: dict[int, tuple[int, int | None]] = {}
+
+        class Seeds(Dataset[int]):
+            def __len__(self) -> int:
+                return 12
+
+            def __getitem__(self, index: int) -> int:
+                info = fetch_info()
+                assert info is not None
+                seen[index] = (info.seed, sample_seed())
+                return index
+
+        loader = BackgroundLoader(DataLoader(Seeds(), batch_size=batch_size), fetch_threads=2)
+        assert len(list(loader)) == (4 if batch_size else 12)
+        (base,) = {seed for seed, _ in seen.values()}
+        size = batch_size or 1
+        places = [(index // size, index % size) for index in range(12)]
+        assert [seen[index][1] for index in range(12)] == self.seeds(base, places)
+
+    def test_a_resumed_epoch_goes_on_with_the_places_after_the_checkpoint(self) -> None:
+        """A StatefulDataLoader resumed after 2 batches of 3: sample ``i`` still gets the seed
+        of batch ``i // 3`` (the number goes on, not from 0)."""
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        seen: dict[int, tuple[int | None, int | None]] = {}
+
+        class Seeds(Dataset[int]):
+            def __len__(self) -> int:
+                return 12
+
+            def __getitem__(self, index: int) -> int:
+                info = fetch_info()  # None for the first, plain loader
+                seen[index] = (None if info is None else info.seed, sample_seed())
+                return index
+
+        first = StatefulDataLoader(Seeds(), batch_size=3)
+        iterator = iter(first)
+        assert [next(iterator).tolist() for _ in range(2)] == [[0, 1, 2], [3, 4, 5]]
+        state = first.state_dict()
+        del iterator
+        resumed = StatefulDataLoader(Seeds(), batch_size=3)
+        resumed.load_state_dict(state)
+        loader = BackgroundLoader(resumed, fetch_threads=2)
+        assert [batch.tolist() for batch in loader] == [[6, 7, 8], [9, 10, 11]]
+        (base,) = {seen[index][0] for index in range(6, 12)}
+        assert base is not None
+        places = [(index // 3, index % 3) for index in range(6, 12)]
+        assert [seen[index][1] for index in range(6, 12)] == self.seeds(base, places)
+
     def test_none_between_reads(self) -> None:
         """In a fetch thread but outside a sample's read (``thread_init_fn``): ``None``."""
         seen: list[int | None] = []
