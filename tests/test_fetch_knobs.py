@@ -348,10 +348,13 @@ class TestSampleSeed:
         assert self.seeds(7, [(3, 2)], offset=5) != self.seeds(7, [(3, 2)])
         assert self.seeds(7, [(3, 2)], offset=0) == self.seeds(7, [(3, 2)])  # the default
 
-    @pytest.mark.parametrize("batch_size", [3, None])
-    def test_a_loader_gives_each_sample_the_seed_of_its_place(self, batch_size: int | None) -> None:
+    @pytest.mark.parametrize(("batch_size", "chunked"), [(3, False), (None, False), (3, True)])
+    def test_a_loader_gives_each_sample_the_seed_of_its_place(
+        self, batch_size: int | None, chunked: bool
+    ) -> None:
         """Read by two threads, sample ``i`` gets the seed of its place: batch ``i // 3``,
-        position ``i % 3`` (unbatched: batch ``i``, position 0), under the epoch's base seed."""
+        position ``i % 3`` (unbatched: batch ``i``, position 0), under the epoch's base seed;
+        in ``__getitems__`` (chunked), ``sample_seed(k)`` for the chunk's sample ``k``."""
         seen: dict[int, tuple[int, int | None]] = {}
 
         class Seeds(Dataset[int]):
@@ -364,7 +367,16 @@ class TestSampleSeed:
                 seen[index] = (info.seed, sample_seed())
                 return index
 
-        loader = BackgroundLoader(DataLoader(Seeds(), batch_size=batch_size), fetch_threads=2)
+        class ChunkSeeds(Seeds):
+            def __getitems__(self, indices: list[int]) -> list[int]:
+                info = fetch_info()
+                assert info is not None
+                for offset, index in enumerate(indices):
+                    seen[index] = (info.seed, sample_seed(offset))
+                return indices
+
+        dataset = ChunkSeeds() if chunked else Seeds()
+        loader = BackgroundLoader(DataLoader(dataset, batch_size=batch_size), fetch_threads=2)
         assert len(list(loader)) == (4 if batch_size else 12)
         (base,) = {seed for seed, _ in seen.values()}
         size = batch_size or 1

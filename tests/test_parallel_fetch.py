@@ -183,13 +183,16 @@ class TestSameBatchesAsTheDataLoader:
         assert_same_batches(wrapped, plain)
         assert sorted(wrapped_set.calls) == sorted(plain_set.calls)
 
-    def test_getitems_chunks_one_per_thread(self) -> None:
-        """At the grain of samples a batch of 12 over 3 threads is read in 3 chunks of 4."""
-        dataset = WithGetItems(24)
-        wrapped = list(BackgroundLoader(DataLoader(dataset, batch_size=12), fetch_threads=3))
-        assert_same_batches(wrapped, list(DataLoader(WithGetItems(24), batch_size=12)))
+    @pytest.mark.parametrize(("batch", "threads", "chunk"), [(12, 3, 4), (4, 4, 1), (6, 1, 6)])
+    def test_getitems_chunks_one_per_thread(self, batch: int, threads: int, chunk: int) -> None:
+        """At the grain of samples a batch is read in one chunk per thread: 12 over 3 threads
+        in chunks of 4, 4 over 4 in chunks of 1, and over 1 thread the whole batch at once."""
+        dataset = WithGetItems(2 * batch)
+        loader = DataLoader(dataset, batch_size=batch)
+        wrapped = list(BackgroundLoader(loader, fetch_threads=threads))
+        assert_same_batches(wrapped, list(DataLoader(WithGetItems(2 * batch), batch_size=batch)))
         chunks = sorted(tuple(call) for call in dataset.calls)
-        assert chunks == [tuple(range(s, s + 4)) for s in range(0, 24, 4)]
+        assert chunks == [tuple(range(s, s + chunk)) for s in range(0, 2 * batch, chunk)]
 
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
     def test_set_epoch_reshuffles_a_distributed_sampler(self, threads: int) -> None:

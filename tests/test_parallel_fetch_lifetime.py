@@ -35,6 +35,7 @@ from .parallel import (
     Counted,
     Gated,
     Values,
+    WithGetItems,
     assert_same_batches,
     assert_same_outcomes,
     outcomes,
@@ -270,6 +271,21 @@ class TestResumeAtEveryPoint:
             assert_same_batches(list(resumed), rest)
             if taken is not None:
                 assert len(head) + len(rest) == BATCHES
+
+    def test_a_getitems_dataset_resumes_after_the_batches_consumed(self) -> None:
+        """Batches read in chunks through ``__getitems__`` carry their checkpoints too."""
+        loader = BackgroundLoader(
+            StatefulDataLoader(WithGetItems(12), batch_size=3), depth=2, fetch_threads=2
+        )
+        iterator = iter(loader)
+        consumed = [next(iterator) for _ in range(2)]
+        state = copy.deepcopy(loader.state_dict())
+        iterator.close()
+        resumed = BackgroundLoader(StatefulDataLoader(WithGetItems(12), batch_size=3))
+        resumed.load_state_dict(state)
+        plain = list(StatefulDataLoader(WithGetItems(12), batch_size=3))
+        assert_same_batches(consumed, plain[:2])
+        assert_same_batches(list(resumed), plain[2:])
 
 
 class TestResumeAfterAnError:
