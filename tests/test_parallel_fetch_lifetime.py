@@ -386,6 +386,48 @@ class TestTicketsComeBack:
         assert (snapshot.in_flight, snapshot.fetched) == (0, 0)
 
 
+class TestNothingReadAfterTheEnd:
+    def test_a_batch_cut_by_an_ending_error_gives_out_no_more_samples(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Batch 1 is on the board, one sample being read and one not handed out, when a
+        BaseException in batch 0 ends the epoch: that last sample is never read."""
+        entered, release = threading.Event(), threading.Event()
+        error = Abort("sample 0")
+        cut = SampleBoard.cut
+
+        def spy(self: SampleBoard, seq: int) -> int:
+            dropped = cut(self, seq)
+            release.set()  # batch 1 was cut while its first sample was read
+            return dropped
+
+        monkeypatch.setattr(SampleBoard, "cut", spy)
+
+        class Ending(Values):
+            def __getitem__(self, index: int) -> Any:
+                if index == 0:
+                    assert entered.wait(10.0)  # batch 1's first sample is being read
+                    raise error
+                if index == 2:
+                    entered.set()
+                    assert release.wait(10.0)  # until batch 0's error cut batch 1
+                return super().__getitem__(index)
+
+        dataset = Ending(8)
+        loader = BackgroundLoader(DataLoader(dataset, batch_size=2), depth=4, fetch_threads=2)
+        iterator = iter(loader)
+        try:
+            with pytest.raises(Abort) as raised:
+                next(iterator)
+            assert raised.value is error
+            assert next(iterator, "over") == "over"
+        finally:
+            release.set()
+            iterator.close()
+        assert wait_until(lambda: not prefetch_threads(), 5.0), prefetch_threads()
+        assert sorted(index for index, _ in dataset.reads) == [1, 2]  # 0 raised first
+
+
 class TestSoak:
     def test_random_epochs(self) -> None:
         """Random thread counts, depths, errors and stops: nothing lost, repeated or left."""
