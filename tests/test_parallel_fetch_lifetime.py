@@ -427,6 +427,19 @@ class TestNothingReadAfterTheEnd:
         assert wait_until(lambda: not prefetch_threads(), 5.0), prefetch_threads()
         assert sorted(index for index, _ in dataset.reads) == [1, 2]  # 0 raised first
 
+    @pytest.mark.parametrize("failing", [0, 2])
+    def test_a_base_exception_in_a_sample_ends_its_batchs_reads(self, failing: int) -> None:
+        """One thread reads a batch of 4 sample by sample: after a BaseException in sample
+        ``failing``, the samples after it are not read (as the DataLoader's loop stops)."""
+        error = Abort(f"sample {failing}")
+        dataset = Values(8, fail={failing: error})
+        loader = BackgroundLoader(DataLoader(dataset, batch_size=4), depth=2, fetch_threads=1)
+        with pytest.raises(Abort) as raised:
+            list(loader)
+        assert raised.value is error
+        assert wait_until(lambda: not prefetch_threads(), 5.0), prefetch_threads()
+        assert [index for index, _ in dataset.reads] == list(range(failing + 1))
+
 
 class TestSoak:
     def test_random_epochs(self) -> None:
