@@ -242,6 +242,13 @@ class TestParallelFetch:
         assert figures.peak_samples == 4
         assert not figures.parallel_fetch_available  # it reads in parallel already
 
+    def test_an_unbatched_loaders_items_are_one_sample_each(self) -> None:
+        """``batch_size=None``: each item read is one sample; one thread at depth 1 has one
+        on the board at a time."""
+        loader = BackgroundLoader(DataLoader(range(4), batch_size=None), depth=1, fetch_threads=1)
+        assert list(loader) == [0, 1, 2, 3]
+        assert loader.stats.peak_samples == 1 and loader.stats.fetch_reads == [4]
+
     def test_read_cpu_reaches_the_thread_policy(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """With fetch_threads="auto" the engine sums each read's CPU (the thread's clock
         before and after the read), which its thread policy weighs: 0.25 s for each of 12."""
