@@ -413,6 +413,18 @@ class TestSampleSeed:
         places = [(index // 3, index % 3) for index in range(6, 12)]
         assert [seen[index][1] for index in range(6, 12)] == self.seeds(base, places)
 
+    def test_none_in_collate_fn_after_the_reads(self) -> None:
+        """``collate_fn`` runs in a fetch thread after a batch's reads: no sample, ``None``."""
+        seen: list[int | None] = []
+
+        def collate(samples: list[int]) -> list[int]:
+            seen.append(sample_seed())
+            return samples
+
+        loader = DataLoader(list(range(8)), batch_size=2, collate_fn=collate)
+        assert list(BackgroundLoader(loader, fetch_threads=2)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert seen == [None] * 4
+
     def test_none_between_reads(self) -> None:
         """In a fetch thread but outside a sample's read (``thread_init_fn``): ``None``."""
         seen: list[int | None] = []
