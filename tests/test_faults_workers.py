@@ -21,7 +21,7 @@ from torch.utils.data._utils import signal_handling
 from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._shared.epoch import release_source
 
-from .processes import live_child_pids, process_state, settle, wait_until
+from .processes import live_child_pids, settle, wait_until
 from .sources import SlowDataset, drain
 
 
@@ -35,27 +35,6 @@ class Recording(DataLoader[Any]):
     def __iter__(self) -> Any:
         self.iterators.append(super().__iter__())
         return self.iterators[-1]
-
-
-def _kill_outside_the_done_event(source: Any, worker: Any) -> None:
-    """SIGKILL ``worker`` of DataLoader iterator ``source`` while it cannot hold the done event.
-
-    A worker reads the done event after every index it takes. Killed inside that read it
-    would hold the event's lock for good, and torch's own report of the death reads the
-    event too: a drawing thread that no SIGCHLD handler interrupts then waits for good
-    (another fault, rare; test_release_after_a_worker_died_holding_the_done_events_lock
-    covers its release). Holding the lock over the kill keeps the worker out of it.
-    Returns once the worker is a zombie: SIGCHLD was sent. torch's SIGCHLD handler may
-    raise its error in here (the main thread), as anywhere.
-    """
-    done_lock = source._workers_done_event._cond._lock
-    assert done_lock.acquire(timeout=5.0)
-    try:
-        os.kill(worker.pid, signal.SIGKILL)
-        ended = wait_until(lambda: process_state(worker.pid) in (None, "Z"), 10.0, collect=False)
-        assert ended, "the killed worker did not end"
-    finally:
-        done_lock.release()
 
 
 class TestDataLoaderWorkers:
@@ -77,16 +56,17 @@ class TestDataLoaderWorkers:
         # DataLoader reports the death as RuntimeError('DataLoader worker ... killed'), or, when
         # the kill lands while a batch's shared-memory handle is being passed, as the EOFError /
         # ConnectionError of that transfer. Either is DataLoader's own error, delivered as is.
-        data = Recording(SlowDataset(10_000, delay=0.002), batch_size=2, num_workers=2)
+        data = DataLoader(SlowDataset(10_000, delay=0.002), batch_size=2, num_workers=2)
         background = BackgroundLoader(data, depth=2)
         loader = CudaPrefetcher(background, device="cpu") if stacked else background
         killed_at: float | None = None
         with pytest.raises((RuntimeError, EOFError, ConnectionError)) as info:
             for step, _batch in enumerate(loader):
                 if step == 5:
-                    assert len(live_child_pids()) == 2
+                    workers = live_child_pids()
+                    assert len(workers) == 2
+                    os.kill(workers[0], signal.SIGKILL)
                     killed_at = time.monotonic()
-                    _kill_outside_the_done_event(data.iterators[0], data.iterators[0]._workers[0])
                 assert killed_at is None or time.monotonic() - killed_at < 5.0
         assert killed_at is not None
         assert time.monotonic() - killed_at < 5.0
@@ -148,11 +128,12 @@ class TestDataLoaderWorkers:
             assert [int(x) for _ in range(3) for x in next(iterator)] == list(range(6))
             lock = iterators[0]._worker_result_queue._wlock
             assert lock.acquire(timeout=5.0)
-            # Not _kill_outside_the_done_event: the mask holds only for this thread's own
-            # signals, and when another thread takes SIGCHLD, torch's handler raises in this
-            # thread wherever it is; drain() counts that as one of the errors. A worker
-            # killed inside the done event's read (rare) makes the draws wait for good: the
-            # test then fails at its timeout, which drain() hands back, instead of hanging.
+            # The mask holds only for this thread's own signals: when another thread takes
+            # SIGCHLD, torch's handler raises in this thread wherever it is, and drain()
+            # counts that as one of the errors. A worker killed inside its read of the done
+            # event (rare) holds that lock for good and the draws, which read it to report
+            # the death, wait for good: the test then fails at its timeout, which drain()
+            # hands back, instead of hanging.
             os.kill(iterators[0]._workers[0].pid, signal.SIGKILL)
             errors = []  # DataLoader's error, after the EOFError or ConnectionError of a
             while len(errors) < 3:  # batch in transfer when the worker died, if one was
