@@ -1,10 +1,12 @@
-"""``fetch_threads``' ceiling, ``thread_init_fn`` and ``fetch_info()`` (issue 24).
+"""``fetch_threads``' ceiling, ``thread_init_fn``, ``fetch_info()`` (issue 24), ``num_threads``.
 
 A count no machine can use is refused, one above 32 per core warns once,
 saying why; each fetch thread runs ``thread_init_fn(index)`` once before it
 reads, and an error there reaches the loop; ``fetch_info()`` is the
 threads' ``get_worker_info()``: the index, the count and the epoch's seed
-inside a fetch thread, ``None`` anywhere else.
+inside a fetch thread, ``None`` anywhere else. The loading threads' torch ops
+use ``num_threads`` threads (one per fetch thread by default), set for them
+alone: the caller's and every later thread's count stay as they were.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from prefetch._threads.fetch_info import (
     leave_sample,
 )
 from prefetch._threads.thread_side import ThreadSide
+from prefetch._torch.intra_op import THREAD_INTRA_OP
 
 from .liveness import engine_of, wait_for
 
@@ -437,3 +440,63 @@ class TestSampleSeed:
         )
         assert len(list(loader)) == 4
         assert seen == [None, None]
+
+
+class CountRecorder(Dataset[int]):
+    """Samples that record the intra-op count of the thread reading them, after a parallel op."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.counts: list[int] = []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        torch.ones(1 << 17).add_(1)  # over ATen's grain: a parallel op, which reads the count
+        self.counts.append(torch.get_num_threads())
+        return index
+
+
+def count_of_a_new_thread() -> int:
+    """The intra-op count a thread started now gets (torch's process-wide one)."""
+    counts: list[int] = []
+    thread = threading.Thread(target=lambda: counts.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return counts[0]
+
+
+@pytest.mark.skipif(
+    not THREAD_INTRA_OP.active(), reason=f"per-thread count off: {THREAD_INTRA_OP.problem()}"
+)
+class TestIntraOpThreads:
+    """``num_threads`` (one with fetch_threads) sets the loading threads' count, theirs alone."""
+
+    @pytest.mark.parametrize(
+        ("settings", "expected"),
+        [
+            ({"fetch_threads": 2}, 1),
+            ({"fetch_threads": 2, "num_threads": "more"}, "more"),
+            ({"num_threads": "more"}, "more"),
+        ],
+        ids=["fetch-threads-default", "fetch-threads-num-threads", "one-thread-num-threads"],
+    )
+    def test_the_loading_threads_alone(self, settings: dict[str, Any], expected: Any) -> None:
+        before = torch.get_num_threads()
+        more = before + 1  # told apart from the count every other thread has
+        settings = {key: more if value == "more" else value for key, value in settings.items()}
+        dataset = CountRecorder(8)
+        loader = BackgroundLoader(DataLoader(dataset, batch_size=2), **settings)
+        assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert set(dataset.counts) == {more if expected == "more" else expected}
+        assert loader.settings.num_threads == (more if expected == "more" else expected)
+        assert torch.get_num_threads() == before  # the caller's
+        assert count_of_a_new_thread() == before  # torch's process-wide count
+
+    def test_one_thread_keeps_torchs_default(self) -> None:
+        dataset = CountRecorder(4)
+        loader = BackgroundLoader(DataLoader(dataset, batch_size=2))
+        assert len(list(loader)) == 2
+        assert set(dataset.counts) == {count_of_a_new_thread()}
+        assert loader.settings.num_threads is None

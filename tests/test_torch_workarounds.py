@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import traceback
 import warnings
@@ -35,10 +36,11 @@ import prefetch._torch
 from prefetch import BackgroundLoader, TorchWorkaroundWarning
 from prefetch._shared.epoch import release_source
 from prefetch._shared.profiling import profiling
-from prefetch._torch import WORKAROUNDS
+from prefetch._torch import WORKAROUNDS, intra_op
 from prefetch._torch import worker_pids as pid_guard
 from prefetch._torch.fetcher import PARALLEL_FETCH
 from prefetch._torch.interrupted_start import INTERRUPTED_START, forget_interrupted_start
+from prefetch._torch.intra_op import THREAD_INTRA_OP, set_thread_intra_op_threads
 from prefetch._torch.profiler import PROFILER_FLAG
 from prefetch._torch.sampler_start import SAMPLER_START, start_sampler_here
 from prefetch._torch.workaround import Workaround
@@ -48,6 +50,7 @@ from prefetch._torch.workers import DEAD_WORKERS, WORKER_SHUTDOWN, lost_a_worker
 from .processes import settle, wait_until
 from .subprocesses import ROOT, subprocess_env
 from .test_background import TORCH_2_12_PROFILER_WARNING
+from .test_fetch_knobs import CountRecorder, count_of_a_new_thread
 
 
 @pytest.fixture(autouse=True)
@@ -274,6 +277,46 @@ class TestProfilerFlag:
             assert not profiling()
             assert list(BackgroundLoader(slow(3))) == [0, 1, 2]
         assert not {event.name for event in prof.events()} & {"prefetch.wait", "prefetch.fetch"}
+
+
+def count_in_a_thread(run: Callable[[], Any] = lambda: None) -> tuple[Any, int]:
+    """Call ``run`` in a new thread; return its result and that thread's intra-op count after."""
+    done: list[tuple[Any, int]] = []
+    thread = threading.Thread(target=lambda: done.append((run(), torch.get_num_threads())))
+    thread.start()
+    thread.join()
+    return done[0]
+
+
+class TestThreadIntraOp:
+    """Off (no OpenMP runtime found): fetch threads keep torch's count, num_threads= is torch's."""
+
+    def test_off_falls_back_to_torch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(intra_op, "_runtime", lambda: None)
+        results, texts = warnings_of(
+            lambda: count_in_a_thread(partial(set_thread_intra_op_threads, 1))
+        )
+        before = torch.get_num_threads()
+        assert results == [(False, before), (False, before)]
+        assert_one_warning(texts, THREAD_INTRA_OP)
+        dataset = CountRecorder(4)
+        assert len(list(BackgroundLoader(DataLoader(dataset, batch_size=2), fetch_threads=2))) == 2
+        assert set(dataset.counts) == {before}  # torch's default, not one
+        try:
+            loader = BackgroundLoader(DataLoader(dataset, batch_size=2), num_threads=before + 1)
+            assert len(list(loader)) == 2
+            assert count_of_a_new_thread() == before + 1  # torch.set_num_threads: process-wide
+        finally:
+            torch.set_num_threads(before)
+        assert count_of_a_new_thread() == before
+
+    def test_on_sets_the_thread_alone(self) -> None:
+        before = torch.get_num_threads()
+        assert count_in_a_thread(partial(set_thread_intra_op_threads, before + 1)) == (
+            True,
+            before + 1,
+        )
+        assert torch.get_num_threads() == before and count_of_a_new_thread() == before
 
 
 class TestParallelFetch:

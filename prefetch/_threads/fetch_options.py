@@ -27,6 +27,7 @@ from prefetch._threads.parallel_fetch import check_parallel_loader
 from prefetch._threads.policy import THREADS, Control, Fixed
 from prefetch._threads.thread_policy import ThreadPolicy
 from prefetch._threads.thread_windows import available_cores
+from prefetch._torch.intra_op import set_thread_intra_op_threads
 
 THREADS_PER_CORE = 32
 """Fetch threads per core past which a fixed count warns: even threads that wait on
@@ -45,7 +46,8 @@ class BackgroundSettings(NamedTuple):
     pin_memory: bool
     """Whether batches are pinned in the thread (false without an accelerator)."""
     num_threads: int | None
-    """``torch.set_num_threads`` in the threads, or ``None``."""
+    """Intra-op threads of each loading thread's torch ops (1 with ``fetch_threads`` unless
+    set), or ``None``: torch's default."""
     fetch_threads: int | Literal["auto"] | None
     """Threads reading a DataLoader in parallel, ``"auto"``, or ``None`` (one thread)."""
     fetch_grain: str
@@ -204,21 +206,46 @@ def check_in_order(in_order: object, fetch_threads: object, owner: str) -> bool:
     return in_order
 
 
+FETCH_THREAD_INTRA_OP = 1
+"""Intra-op threads of each fetch thread unless ``num_threads`` says otherwise: one, as
+each DataLoader worker process sets for itself (``fetch_threads`` is their counterpart)."""
+
+
+def intra_op_threads(num_threads: int | None, fetch_threads: object) -> int | None:
+    """The intra-op thread count of an epoch's threads (``None``: torch's, unchanged).
+
+    ``num_threads`` if given, else one with ``fetch_threads``, else ``None``.
+
+    Example:
+        >>> intra_op_threads(None, None), intra_op_threads(None, 4), intra_op_threads(3, 4)
+        (None, 1, 3)
+    """
+    if num_threads is None and fetch_threads is not None:
+        return FETCH_THREAD_INTRA_OP
+    return num_threads
+
+
 def thread_setup(
-    device: int | None, num_threads: int | None, init: Callable[[int], object] | None
+    device: int | None,
+    intra_op: int | None,
+    init: Callable[[int], object] | None,
+    *,
+    asked: bool,
 ) -> Callable[[], None] | None:
     """What each thread of an epoch runs first (``None`` if nothing).
 
-    It selects ``device`` (for pinning), sets ``torch.set_num_threads`` and
-    calls ``thread_init_fn``.
+    It selects ``device`` (for pinning), sets the thread's own intra-op
+    thread count to ``intra_op`` (:mod:`prefetch._torch.intra_op`; where it
+    cannot, a count the user ``asked`` for falls back to the process-wide
+    ``torch.set_num_threads``) and calls ``thread_init_fn``.
     """
-    if device is None and num_threads is None and init is None:
+    if device is None and intra_op is None and init is None:
         return None
 
     def setup() -> None:
         select_device(device)
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        if intra_op is not None and not set_thread_intra_op_threads(intra_op) and asked:
+            torch.set_num_threads(intra_op)
         if init is not None:
             call_thread_init(init)
 

@@ -44,6 +44,7 @@ from prefetch._threads.fetch_options import (
     check_in_order,
     check_thread_init_fn,
     fetchable,
+    intra_op_threads,
     thread_control,
     thread_setup,
 )
@@ -113,10 +114,13 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
             the :class:`~prefetch.CudaPrefetcher` stacked on this loader, or
             else the caller's current device at ``iter()``. Without an
             accelerator this warns once and items pass through unchanged.
-        num_threads: If given, ``torch.set_num_threads`` in the producer
-            thread(s), so torch work there does not fight your training step
-            for the cores. It sets how many cores *each* thread's torch ops
-            may use, not how many threads load: that is ``fetch_threads``.
+        num_threads: How many threads *each* loading thread's torch ops
+            may use (torch's intra-op threads), so torch work there does not
+            fight your training step for the cores; not how many threads
+            load: that is ``fetch_threads``. It is set for the loading
+            threads alone: your other threads keep their count. Default:
+            one with ``fetch_threads`` (as each DataLoader worker process
+            sets for itself), else torch's default.
         fetch_threads: Parallel fetch, for a map-style ``DataLoader`` with
             ``num_workers=0``: this many threads read and collate its batches
             (``"auto"``: as many as make the loop wait less, up to about the
@@ -212,10 +216,13 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         guard_worker_pids()  # GIL off: torch's worker-pid map, before an epoch can use it
         super().__init__(loader)
         self._parallel_fetch_available = available  # the summary's advice may name it
-        self._facts = self._facts.background(num_threads, self.adaptive, fetch_threads)
+        self._facts = self._facts.background(
+            intra_op_threads(num_threads, fetch_threads), self.adaptive, fetch_threads
+        )
         self._preparation_due = fetch_threads is None  # fetch_threads reads unprepared loaders
         self._pin_memory = pin_memory
-        self._num_threads = num_threads
+        self._num_threads = intra_op_threads(num_threads, fetch_threads)
+        self._num_threads_asked = num_threads is not None
         self._pin_device: int | None = None  # None: the caller's current device at iter()
         adopt_state(self, None if in_order else OUT_OF_ORDER)
 
@@ -342,7 +349,9 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         device = None
         if self._pin_memory:
             device = self._pin_device if self._pin_device is not None else current_device_index()
-        return thread_setup(device, self._num_threads, self._thread_init_fn)
+        return thread_setup(
+            device, self._num_threads, self._thread_init_fn, asked=self._num_threads_asked
+        )
 
     def __repr__(self) -> str:
         depth = "'auto'" if self._depth.adaptive else self._depth.value

@@ -60,6 +60,15 @@ environment (read once, at import) turns them all off, without warnings.
        records (``torch.autograd.profiler._is_profiler_enabled``)
      - 2.6.0, 2.12.0, 2.13.0, 2.15.0
      - Traces show no ``prefetch.*`` ranges
+   * - per-thread intra-op count (:mod:`.intra_op`)
+     - Sets a loading thread's torch intra-op count for that thread alone,
+       through the OpenMP runtime's ``omp_set_num_threads`` once torch has
+       filled the thread's count (no private name; the OpenMP backend and
+       the runtime's library are what it needs)
+     - 2.6.0, 2.13.0, 2.15.0
+     - Fetch threads run torch ops with torch's default count, and
+       ``num_threads=`` sets torch's count for the whole process
+       (``torch.set_num_threads``)
    * - parallel fetch (:mod:`.fetcher`), *required*
      - ``fetch_threads``: swaps the iterator's ``_dataset_fetcher``, reads
        ``_num_yielded``, ``_base_seed``, ``_pin_memory``,
@@ -83,6 +92,7 @@ of ``prefetch``.
 
 from prefetch._torch.fetcher import PARALLEL_FETCH
 from prefetch._torch.interrupted_start import INTERRUPTED_START
+from prefetch._torch.intra_op import THREAD_INTRA_OP
 from prefetch._torch.profiler import PROFILER_FLAG
 from prefetch._torch.sampler_start import SAMPLER_START
 from prefetch._torch.worker_pids import WORKER_PID_GUARD
@@ -95,6 +105,7 @@ WORKAROUNDS = (
     WORKER_PID_GUARD,
     SAMPLER_START,
     PROFILER_FLAG,
+    THREAD_INTRA_OP,
     PARALLEL_FETCH,
 )
 """Every workaround, in the order of the table above."""
