@@ -65,7 +65,7 @@ environment (read once, at import) turns them all off, without warnings.
        through the OpenMP runtime's ``omp_set_num_threads`` once torch has
        filled the thread's count (no private name; the OpenMP backend and
        the runtime's library are what it needs)
-     - 2.6.0, 2.13.0, 2.15.0
+     - 2.6.0, 2.12.0, 2.13.0, 2.15.0
      - Fetch threads run torch ops with torch's default count, and
        ``num_threads=`` sets torch's count for the whole process
        (``torch.set_num_threads``)

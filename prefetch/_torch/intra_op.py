@@ -2,8 +2,8 @@
 
 ``torch.set_num_threads(n)`` sets the calling thread's count *and* a
 process-wide one: every thread that has not run a parallel torch op yet, the
-main thread included, starts from it (checked on torch 2.6.0, 2.13.0,
-2.15.0). A loading thread that called it would change the training step's
+main thread included, starts from it (checked on torch 2.6.0, 2.12.0,
+2.13.0, 2.15.0). A loading thread that called it would change the training step's
 threads. With ATen's OpenMP backend a thread's count is its OpenMP
 ``nthreads`` setting (``omp_get_max_threads``), which torch fills from the
 process-wide count once per thread, the first time the thread asks for it
@@ -75,7 +75,7 @@ THREAD_INTRA_OP = Workaround(
     "per-thread intra-op count",
     "torch.set_num_threads in a loading thread also sets the count of every thread that has "
     "not run a parallel op yet, the main thread included",
-    ("2.6.0", "2.13.0", "2.15.0"),
+    ("2.6.0", "2.12.0", "2.13.0", "2.15.0"),
     "fetch threads run torch ops with torch's default count, and num_threads= sets torch's "
     "count for the whole process",
     [_openmp_backend, _runtime_found],
