@@ -11,8 +11,10 @@ alone: the caller's and every later thread's count stay as they were.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from prefetch._threads.fetch_info import (
     leave_sample,
 )
 from prefetch._threads.thread_side import ThreadSide
+from prefetch._torch import intra_op
 from prefetch._torch.intra_op import THREAD_INTRA_OP
 
 from .liveness import engine_of, wait_for
@@ -467,6 +470,31 @@ def count_of_a_new_thread() -> int:
     return counts[0]
 
 
+SET_THIS_THREAD = intra_op._runtime  # the real lookup, whatever a test patches later
+KNOWN_COUNT = 2
+"""The caller's and the process-wide count inside :func:`known_counts`: not 1, so that a
+loading thread's default of one tells apart from both."""
+
+
+@contextlib.contextmanager
+def known_counts() -> Iterator[int]:
+    """Run with the caller's and torch's process-wide count at :data:`KNOWN_COUNT`.
+
+    Another test (torchdata's threads call ``torch.set_num_threads(1)``) may
+    have left them apart; both are put back after.
+    """
+    process, caller = count_of_a_new_thread(), torch.get_num_threads()
+    torch.set_num_threads(KNOWN_COUNT)
+    try:
+        yield KNOWN_COUNT
+    finally:
+        torch.set_num_threads(process)  # the process-wide count, and the caller's
+        setter = SET_THIS_THREAD()
+        if caller != process and setter is not None:
+            setter(caller)  # the caller's alone
+        assert (torch.get_num_threads(), count_of_a_new_thread()) == (caller, process)
+
+
 @pytest.mark.skipif(
     not THREAD_INTRA_OP.active(), reason=f"per-thread count off: {THREAD_INTRA_OP.problem()}"
 )
@@ -483,20 +511,21 @@ class TestIntraOpThreads:
         ids=["fetch-threads-default", "fetch-threads-num-threads", "one-thread-num-threads"],
     )
     def test_the_loading_threads_alone(self, settings: dict[str, Any], expected: Any) -> None:
-        before = torch.get_num_threads()
-        more = before + 1  # told apart from the count every other thread has
-        settings = {key: more if value == "more" else value for key, value in settings.items()}
-        dataset = CountRecorder(8)
-        loader = BackgroundLoader(DataLoader(dataset, batch_size=2), **settings)
-        assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-        assert set(dataset.counts) == {more if expected == "more" else expected}
-        assert loader.settings.num_threads == (more if expected == "more" else expected)
-        assert torch.get_num_threads() == before  # the caller's
-        assert count_of_a_new_thread() == before  # torch's process-wide count
+        with known_counts() as before:
+            more = before + 1  # told apart from the count every other thread has
+            settings = {key: more if value == "more" else value for key, value in settings.items()}
+            dataset = CountRecorder(8)
+            loader = BackgroundLoader(DataLoader(dataset, batch_size=2), **settings)
+            assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+            assert set(dataset.counts) == {more if expected == "more" else expected}
+            assert loader.settings.num_threads == (more if expected == "more" else expected)
+            assert torch.get_num_threads() == before  # the caller's
+            assert count_of_a_new_thread() == before  # torch's process-wide count
 
     def test_one_thread_keeps_torchs_default(self) -> None:
-        dataset = CountRecorder(4)
-        loader = BackgroundLoader(DataLoader(dataset, batch_size=2))
-        assert len(list(loader)) == 2
-        assert set(dataset.counts) == {count_of_a_new_thread()}
-        assert loader.settings.num_threads is None
+        with known_counts() as before:
+            dataset = CountRecorder(4)
+            loader = BackgroundLoader(DataLoader(dataset, batch_size=2))
+            assert len(list(loader)) == 2
+            assert set(dataset.counts) == {before}
+            assert loader.settings.num_threads is None

@@ -50,7 +50,7 @@ from prefetch._torch.workers import DEAD_WORKERS, WORKER_SHUTDOWN, lost_a_worker
 from .processes import settle, wait_until
 from .subprocesses import ROOT, subprocess_env
 from .test_background import TORCH_2_12_PROFILER_WARNING
-from .test_fetch_knobs import CountRecorder, count_of_a_new_thread
+from .test_fetch_knobs import CountRecorder, count_of_a_new_thread, known_counts
 
 
 @pytest.fixture(autouse=True)
@@ -292,31 +292,28 @@ class TestThreadIntraOp:
     """Off (no OpenMP runtime found): fetch threads keep torch's count, num_threads= is torch's."""
 
     def test_off_falls_back_to_torch(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(intra_op, "_runtime", lambda: None)
-        results, texts = warnings_of(
-            lambda: count_in_a_thread(partial(set_thread_intra_op_threads, 1))
-        )
-        before = torch.get_num_threads()
-        assert results == [(False, before), (False, before)]
-        assert_one_warning(texts, THREAD_INTRA_OP)
-        dataset = CountRecorder(4)
-        assert len(list(BackgroundLoader(DataLoader(dataset, batch_size=2), fetch_threads=2))) == 2
-        assert set(dataset.counts) == {before}  # torch's default, not one
-        try:
+        with known_counts() as before:
+            monkeypatch.setattr(intra_op, "_runtime", lambda: None)
+            results, texts = warnings_of(
+                lambda: count_in_a_thread(partial(set_thread_intra_op_threads, 1))
+            )
+            assert results == [(False, before), (False, before)]
+            assert_one_warning(texts, THREAD_INTRA_OP)
+            dataset = CountRecorder(4)
+            loader = BackgroundLoader(DataLoader(dataset, batch_size=2), fetch_threads=2)
+            assert len(list(loader)) == 2
+            assert set(dataset.counts) == {before}  # torch's default, not one
             loader = BackgroundLoader(DataLoader(dataset, batch_size=2), num_threads=before + 1)
             assert len(list(loader)) == 2
             assert count_of_a_new_thread() == before + 1  # torch.set_num_threads: process-wide
-        finally:
-            torch.set_num_threads(before)
-        assert count_of_a_new_thread() == before
 
     def test_on_sets_the_thread_alone(self) -> None:
-        before = torch.get_num_threads()
-        assert count_in_a_thread(partial(set_thread_intra_op_threads, before + 1)) == (
-            True,
-            before + 1,
-        )
-        assert torch.get_num_threads() == before and count_of_a_new_thread() == before
+        with known_counts() as before:
+            assert count_in_a_thread(partial(set_thread_intra_op_threads, before + 1)) == (
+                True,
+                before + 1,
+            )
+            assert torch.get_num_threads() == before and count_of_a_new_thread() == before
 
 
 class TestParallelFetch:
