@@ -20,6 +20,7 @@ from prefetch import BackgroundLoader
 from prefetch._threads import shared as shared_module
 from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.shared import Shared
+from prefetch._threads.thread_side import ThreadSide
 
 from .liveness import (
     consume,
@@ -138,6 +139,30 @@ class TestNoSpareWakeUps:
         assert list(BackgroundLoader(source(), depth=depth)) == list(range(3_000))
         assert {side for side, _ in seen} == {"threads", "consumer"}
         assert [side for side, waiting in seen if not waiting] == []
+
+
+class TestPostThenWait:
+    """A thread over an iterator waits for its next tickets in the lock's hold that posted."""
+
+    @pytest.mark.parametrize("depth", [1, 2, 8])
+    def test_the_lock_is_not_let_go_between_post_and_wait(
+        self, monkeypatch: pytest.MonkeyPatch, depth: int
+    ) -> None:
+        """After its first post, every wait for tickets starts with the lock still held: the
+        loop the post woke cannot find the thread between the two (with the GIL it would wait
+        for the interpreter while the thread comes back to wait)."""
+        held: list[bool] = []
+        take_tickets = ThreadSide.take_tickets
+
+        def spy(self: ThreadSide, *args: Any, **kwargs: Any) -> int:
+            held.append(self.shared.lock._is_owned())  # type: ignore[attr-defined]
+            return take_tickets(self, *args, **kwargs)
+
+        monkeypatch.setattr(ThreadSide, "take_tickets", spy)
+        assert list(BackgroundLoader(range(200), depth=depth)) == list(range(200))
+        assert len(held) > 2, held
+        assert held[0] is False  # the thread's first tickets: nothing posted yet
+        assert all(held[1:]), held
 
 
 @pytest.mark.usefixtures("no_poll")

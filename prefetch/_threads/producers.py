@@ -22,8 +22,9 @@ after :data:`POST_AFTER` seconds), and at least every :data:`POST_AFTER`
 seconds (the items per post follow the measured rate), and after any draw
 that itself took :data:`POST_AFTER` or more (the source turned slow: what it
 holds would otherwise wait through the next draw too). A fast source and a
-fast loop meet once per run, not once per item. Parallel threads take one
-ticket per batch.
+fast loop meet once per run, not once per item. Such a thread waits for its
+next tickets in the same hold of the lock as its post (the consumer it woke
+gets the GIL as soon as it waits). Parallel threads take one ticket per batch.
 
 What a thread catches becomes a message in one place,
 :func:`~prefetch._threads.messages.message_for`. A final message (the end, a
@@ -108,6 +109,8 @@ class Producer:
                 final, count = self._draw(count)
                 if final is not None:
                     return final
+                if not count and board is None:  # its post waited for tickets: it is to leave
+                    return None
             return None
         finally:
             self._account()
@@ -198,13 +201,23 @@ class Producer:
             side.post(start, Run(items, states, sizes), held, seconds=spent, unused=count - used)
             assert end is not None
             return Final(start + len(items), end), 0
-        take = self.most if board_tasks is None else 0  # threads that read look first
-        run = Run(items, states, sizes, end)
-        count = side.post(
-            start, run, held, seconds=spent, unused=count - used, take=take, collate=collate
-        )
         if items:
             self._pace(spent, len(items))
+        run = Run(items, states, sizes, end)
+        if board_tasks is not None:  # threads that read look at the board first
+            count = side.post(start, run, held, seconds=spent, unused=count - used, collate=collate)
+            return None, count
+        # An iterator's thread waits for its next tickets in the post (0: it is to leave),
+        # holding nothing the loop is handed (the run's list is the one the loop empties) and
+        # no error: its traceback would hold the loop's frames, and the iterator in them.
+        wait = end is None
+        item = state = end = None
+        count = side.post(
+            start, run, held, seconds=spent, unused=count - used, take=self.most, wait=wait
+        )
+        del run
+        if not count and not wait:
+            count = side.take_tickets(held, self.most)
         return None, count
 
     def _pace(self, seconds: float, items: int) -> None:

@@ -86,12 +86,17 @@ class ThreadSide:
         cpu: float = 0.0,
         slot: int = -1,
         collate: float = 0.0,
+        wait: bool = False,
     ) -> int:
         """Post ``run`` at ``seq``, give back ``unused`` tickets and take up to ``take`` more.
 
-        Returns the tickets taken (without waiting: 0 if none is free).
-        ``seconds`` (``cpu``) is the time the thread spent making the run; a
-        thread that reads units also gives its ``slot`` in
+        Returns the tickets taken: without ``wait``, 0 if none is free; with
+        it, :meth:`take_tickets`' answer (0: the thread is to leave), waiting
+        under the same hold of the lock as the post. A thread that would wait
+        next anyway waits here at once: the consumer this post woke runs as
+        soon as it can, instead of waiting for the GIL while this thread comes
+        back to wait. ``seconds`` (``cpu``) is the time the thread spent making
+        the run; a thread that reads units also gives its ``slot`` in
         ``stats.fetch_seconds`` and the seconds spent in ``collate_fn``.
         """
         shared = self.shared
@@ -116,6 +121,8 @@ class ThreadSide:
             stats.peak_items = max(stats.peak_items, shared.fetched - stats.items)
             if shared.consumer_waiting and shared.handover.due(seq):
                 shared.wake_consumer()
+            if wait:
+                return self.take_tickets(held, take)
             if not take or shared.ended or shared.staying > tickets.threads:
                 return 0
             return tickets.take(held, take)
