@@ -25,6 +25,20 @@ LIVENESS_SECONDS = 2.0
 """How long a step may make no progress before the test fails (never a speed claim)."""
 
 
+def set_after(
+    monkeypatch: pytest.MonkeyPatch, owner: type, name: str, event: threading.Event
+) -> None:
+    """Set ``event`` each time the method ``owner.name`` returns (an event, never a sleep)."""
+    method = getattr(owner, name)
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        event.set()
+        return result
+
+    monkeypatch.setattr(owner, name, spy)
+
+
 def producer_frame(thread: threading.Thread) -> str:
     """Return where ``thread`` is now, as the innermost ``prefetch`` function it is in."""
     frame = sys._current_frames().get(thread.ident or -1)

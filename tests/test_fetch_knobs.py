@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -34,7 +34,7 @@ from prefetch._threads.thread_side import ThreadSide
 from prefetch._torch import intra_op
 from prefetch._torch.intra_op import THREAD_INTRA_OP
 
-from .liveness import engine_of, wait_for
+from .liveness import engine_of, set_after, wait_for
 
 WAIT_SECONDS = 10.0
 """Longest the threads may take to meet at the barrier before the test fails."""
@@ -264,14 +264,7 @@ class TestThreadInitFn:
         """Both threads' hooks raise, thread 1's after thread 0's failure was numbered: the
         loop gets thread 0's, the epoch's end stands at the first failure."""
         failed = threading.Event()
-        fail = ThreadSide.fail
-
-        def spy(self: ThreadSide, error: BaseException) -> Any:
-            final = fail(self, error)
-            failed.set()
-            return final
-
-        monkeypatch.setattr(ThreadSide, "fail", spy)
+        set_after(monkeypatch, ThreadSide, "fail", failed)
         errors = [ValueError("thread 0"), ValueError("thread 1")]
 
         def init(index: int) -> None:
@@ -461,13 +454,18 @@ class CountRecorder(Dataset[int]):
         return index
 
 
-def count_of_a_new_thread() -> int:
-    """The intra-op count a thread started now gets (torch's process-wide one)."""
-    counts: list[int] = []
-    thread = threading.Thread(target=lambda: counts.append(torch.get_num_threads()))
+def count_in_a_thread(run: Callable[[], Any] = lambda: None) -> tuple[Any, int]:
+    """Call ``run`` in a new thread; return its result and that thread's intra-op count after."""
+    done: list[tuple[Any, int]] = []
+    thread = threading.Thread(target=lambda: done.append((run(), torch.get_num_threads())))
     thread.start()
     thread.join()
-    return counts[0]
+    return done[0]
+
+
+def count_of_a_new_thread() -> int:
+    """The intra-op count a thread started now gets (torch's process-wide one)."""
+    return count_in_a_thread()[1]
 
 
 SET_THIS_THREAD = intra_op._runtime  # the real lookup, whatever a test patches later

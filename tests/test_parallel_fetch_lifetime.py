@@ -28,7 +28,7 @@ from prefetch import BackgroundLoader
 from prefetch._threads.engine import Engine
 from prefetch._threads.sample_board import SampleBoard
 
-from .liveness import begin, engine_of, wait_for, wait_went_ahead
+from .liveness import begin, engine_of, set_after, wait_for, wait_went_ahead
 from .parallel import (
     THREAD_COUNTS,
     Abort,
@@ -330,18 +330,6 @@ class TestResumeAfterAnError:
         assert_same_batches(rest, plain_rest)
 
 
-def release_at_the_cut(monkeypatch: pytest.MonkeyPatch, release: threading.Event) -> None:
-    """Set ``release`` once a final message cut the batches after it off the board."""
-    cut = SampleBoard.cut
-
-    def spy(self: SampleBoard, seq: int) -> int:
-        dropped = cut(self, seq)
-        release.set()
-        return dropped
-
-    monkeypatch.setattr(SampleBoard, "cut", spy)
-
-
 class TestTicketsComeBack:
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
     def test_every_ticket_is_back_after_a_whole_epoch(self, threads: int) -> None:
@@ -363,7 +351,9 @@ class TestTicketsComeBack:
         the later batch is cut, and once the threads left no ticket is in flight."""
         entered, release = threading.Event(), threading.Event()
         error = Abort("batch 0")
-        release_at_the_cut(monkeypatch, release)  # batch 1 was cut while its read went on
+        set_after(
+            monkeypatch, SampleBoard, "cut", release
+        )  # batch 1 was cut while its read went on
 
         class Ending(Values):
             def __getitem__(self, index: int) -> Any:
@@ -399,7 +389,9 @@ class TestNothingReadAfterTheEnd:
         BaseException in batch 0 ends the epoch: that last sample is never read."""
         entered, release = threading.Event(), threading.Event()
         error = Abort("sample 0")
-        release_at_the_cut(monkeypatch, release)  # batch 1 cut while its first sample is read
+        set_after(
+            monkeypatch, SampleBoard, "cut", release
+        )  # batch 1 cut while its first sample is read
 
         class Ending(Values):
             def __getitem__(self, index: int) -> Any:

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import traceback
 import warnings
@@ -50,7 +49,12 @@ from prefetch._torch.workers import DEAD_WORKERS, WORKER_SHUTDOWN, lost_a_worker
 from .processes import settle, wait_until
 from .subprocesses import ROOT, subprocess_env
 from .test_background import TORCH_2_12_PROFILER_WARNING
-from .test_fetch_knobs import CountRecorder, count_of_a_new_thread, known_counts
+from .test_fetch_knobs import (
+    CountRecorder,
+    count_in_a_thread,
+    count_of_a_new_thread,
+    known_counts,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -277,15 +281,6 @@ class TestProfilerFlag:
             assert not profiling()
             assert list(BackgroundLoader(slow(3))) == [0, 1, 2]
         assert not {event.name for event in prof.events()} & {"prefetch.wait", "prefetch.fetch"}
-
-
-def count_in_a_thread(run: Callable[[], Any] = lambda: None) -> tuple[Any, int]:
-    """Call ``run`` in a new thread; return its result and that thread's intra-op count after."""
-    done: list[tuple[Any, int]] = []
-    thread = threading.Thread(target=lambda: done.append((run(), torch.get_num_threads())))
-    thread.start()
-    thread.join()
-    return done[0]
 
 
 class TestThreadIntraOp:

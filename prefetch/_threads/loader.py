@@ -216,13 +216,11 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         guard_worker_pids()  # GIL off: torch's worker-pid map, before an epoch can use it
         super().__init__(loader)
         self._parallel_fetch_available = available  # the summary's advice may name it
-        self._facts = self._facts.background(
-            intra_op_threads(num_threads, fetch_threads), self.adaptive, fetch_threads
-        )
-        self._preparation_due = fetch_threads is None  # fetch_threads reads unprepared loaders
-        self._pin_memory = pin_memory
         self._num_threads = intra_op_threads(num_threads, fetch_threads)
         self._num_threads_asked = num_threads is not None
+        self._facts = self._facts.background(self._num_threads, self.adaptive, fetch_threads)
+        self._preparation_due = fetch_threads is None  # fetch_threads reads unprepared loaders
+        self._pin_memory = pin_memory
         self._pin_device: int | None = None  # None: the caller's current device at iter()
         adopt_state(self, None if in_order else OUT_OF_ORDER)
 
