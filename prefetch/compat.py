@@ -40,10 +40,10 @@ __all__ = ["BackgroundGenerator", "background", "prefetch"]
 T = TypeVar("T")
 
 
-def _check_max_prefetch(max_prefetch: object) -> int:
+def _check_max_prefetch(max_prefetch: object, caller: str = "BackgroundGenerator") -> int:
     if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int):
         msg = (
-            f"BackgroundGenerator(max_prefetch=...) expects an int, got {max_prefetch!r} "
+            f"{caller}(max_prefetch=...) expects an int, got {max_prefetch!r} "
             f"of type {type(max_prefetch).__name__}"
         )
         raise TypeError(msg)
@@ -213,7 +213,7 @@ def background(
         >>> sum(count(10))
         45
     """
-    _check_max_prefetch(max_prefetch)
+    _check_max_prefetch(max_prefetch, "background")
 
     def decorator(function: Callable[..., Iterable[T]]) -> Callable[..., BackgroundGenerator[T]]:
         @functools.wraps(function)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import gc
 import importlib
 import pathlib
@@ -16,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import prefetch
-from prefetch import BackgroundLoader
+from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._threads.engine import Engine
 from prefetch._threads.thread_side import ThreadSide
 
@@ -216,6 +217,22 @@ class TestDepth:
         with pytest.raises(TypeError, match=r"loader=.*expects an iterable, got int"):
             BackgroundLoader(42)  # type: ignore[arg-type]
 
+    def test_loader_a_class(self) -> None:
+        """The class instead of an instance (it has ``__iter__`` as an attribute) is refused at
+        construction too, saying so; an iterable class (an ``Enum``) is still taken."""
+        with pytest.raises(TypeError, match=r"loader=.*got the class DataLoader itself"):
+            BackgroundLoader(DataLoader)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^CudaPrefetcher\(loader=.*got the class list"):
+            CudaPrefetcher(list, device="cpu")  # type: ignore[arg-type]
+        assert list(BackgroundLoader(Color)) == [Color.RED, Color.BLUE]
+
+
+class Color(enum.Enum):
+    """A class that is iterable: its metaclass has ``__iter__``."""
+
+    RED = 1
+    BLUE = 2
+
 
 class Boom(Exception):
     """A source error."""
@@ -402,7 +419,7 @@ class TestShutdown:
 
 EXIT_SCRIPT = """
 import time
-from prefetch import BackgroundLoader
+from prefetch import BackgroundLoader, CudaPrefetcher
 
 class Source:
     def __iter__(self):

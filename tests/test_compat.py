@@ -122,8 +122,13 @@ class TestSameBehaviour:
 
     def test_bad_max_prefetch(self) -> None:
         """A non-int max_prefetch is a TypeError naming the argument."""
-        with pytest.raises(TypeError, match=r"max_prefetch=.*got '2'"):
+        with pytest.raises(TypeError, match=r"^BackgroundGenerator\(max_prefetch=.*got '2'"):
             compat.BackgroundGenerator(iter([]), max_prefetch="2")  # type: ignore[arg-type]
+
+    def test_bad_max_prefetch_of_the_decorator(self) -> None:
+        """The decorator's error names the decorator, not the class it builds later."""
+        with pytest.raises(TypeError, match=r"^background\(max_prefetch=...\) .* got 1.5 of"):
+            compat.background(max_prefetch=1.5)  # type: ignore[arg-type]
 
 
 class TestThreadLike:

@@ -23,7 +23,7 @@ from prefetch import BackgroundLoader, CudaPrefetcher
 
 from . import fake_device
 from .fake_device import FakeOps
-from .liveness import describe, engine_of, take, wait_for
+from .liveness import describe, engine_of, take, wait_for, wait_went_ahead
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,6 +116,40 @@ class TestSeededShuffle:
         plain = seeded_orders(lambda loader: loader)
         assert seeded_orders(SEEDED_STACKS[stack]) == plain
         assert plain[0] != plain[1]  # the shuffle differs between epochs: the check can fail
+
+
+def cut_short_then_whole(make: Callable[[DataLoader[int]], Any]) -> list[list[int]]:
+    """Epoch 0 cut after its first batch, then two whole epochs: their orders.
+
+    Ten samples in batches of four: the last batch is short, and drawing it
+    makes ``RandomSampler`` draw its next permutation from the generator. A
+    wrapper's epoch 0 is cut only once its thread went as far ahead as it may
+    (the short batch drawn), so that the outcome does not depend on timing.
+    """
+    generator = torch.Generator().manual_seed(0)
+    loader = make(DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=generator))
+    iterator = iter(loader)
+    next(iterator)
+    if loader is not getattr(loader, "loader", loader):  # a wrapper: let it read ahead
+        wait_went_ahead(engine_of(iterator))
+    del iterator  # a break after the first batch
+    return [[value for batch in loader for value in batch.tolist()] for _ in range(2)]
+
+
+class TestSeededShuffleCutShort:
+    """Known gap: an epoch cut short after the read-ahead drew a short last batch."""
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="known gap (found 2026-12-07): the read-ahead drew the short last batch, whose "
+        "drawing made RandomSampler draw the next permutation from the generator; the plain "
+        "loop that breaks before it never does, so later epochs differ",
+    )
+    def test_later_epochs_in_the_plain_order(self) -> None:
+        """The epochs after a cut-short one come in the plain loader's order."""
+        plain = cut_short_then_whole(lambda loader: loader)
+        assert plain[0] != plain[1]  # the shuffle differs between epochs: the check can fail
+        assert cut_short_then_whole(lambda loader: BackgroundLoader(loader, depth=4)) == plain
 
 
 @pytest.fixture

@@ -7,12 +7,24 @@ from typing import Literal
 
 
 def check_iterable(loader: object, owner: str, argument: str = "loader") -> None:
-    """Raise ``TypeError`` naming ``owner`` and ``argument`` if ``loader`` cannot be iterated."""
-    if not (hasattr(loader, "__iter__") or hasattr(loader, "__getitem__")):
-        msg = (
-            f"{owner}({argument}=...) expects an iterable, got "
-            f"{type(loader).__name__} {loader!r:.80}"
-        )
+    """Raise ``TypeError`` naming ``owner`` and ``argument`` if ``loader`` cannot be iterated.
+
+    As ``iter()`` does, it looks on the type: a class (``DataLoader`` instead of
+    ``DataLoader(...)``) has ``__iter__`` as an attribute and still cannot be
+    iterated, unless its metaclass makes it iterable (an ``Enum``).
+    """
+    kind = type(loader)
+    if not (hasattr(kind, "__iter__") or hasattr(kind, "__getitem__")):
+        if isinstance(loader, type):
+            msg = (
+                f"{owner}({argument}=...) expects an iterable, got the class "
+                f"{loader.__name__} itself (an instance, such as {loader.__name__}(...)?)"
+            )
+        else:
+            msg = (
+                f"{owner}({argument}=...) expects an iterable, got "
+                f"{type(loader).__name__} {loader!r:.80}"
+            )
         raise TypeError(msg)
 
 
