@@ -38,11 +38,22 @@ def waits_in_put(original: Any) -> bool:
     """Whether the original's thread waits inside ``Queue.put`` of its full queue.
 
     Its queue cannot empty while the test takes nothing, so it waits there for good.
+    Waits: in the ``Condition.wait`` that ``put`` calls, not only inside ``put``. A
+    thread that has just put an item is inside ``put`` with its queue full too, before
+    it draws the next item; without the GIL (3.13t) the check can run at that moment.
     """
     frame = sys._current_frames().get(original.ident or -1)
     while frame is not None:
         if frame.f_code.co_name == "put" and frame.f_code.co_filename == queue.__file__:
-            return bool(original.queue.full())
+            return False  # in put, not in the wait it calls
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+            caller = frame.f_back
+            return (
+                caller is not None
+                and caller.f_code.co_name == "put"
+                and caller.f_code.co_filename == queue.__file__
+                and bool(original.queue.full())
+            )
         frame = frame.f_back
     return False
 
