@@ -10,6 +10,7 @@ plain loader's.
 
 from __future__ import annotations
 
+import pickle
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -17,13 +18,14 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch._shared.sampling import SamplingGenerators, generators_of
 
 from . import fake_device
 from .fake_device import FakeOps
-from .liveness import describe, engine_of, take, wait_for, wait_went_ahead
+from .liveness import LIVENESS_SECONDS, describe, engine_of, take, wait_for, wait_read_ahead
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,44 +120,243 @@ class TestSeededShuffle:
         assert plain[0] != plain[1]  # the shuffle differs between epochs: the check can fail
 
 
-def cut_short_then_whole(make: Callable[[DataLoader[int]], Any]) -> list[list[int]]:
-    """Epoch 0 cut after its first batch, then two whole epochs: their orders.
-
-    Ten samples in batches of four: the last batch is short, and drawing it
-    makes ``RandomSampler`` draw its next permutation from the generator. A
-    wrapper's epoch 0 is cut only once its thread went as far ahead as it may
-    (the short batch drawn), so that the outcome does not depend on timing.
-    """
-    generator = torch.Generator().manual_seed(0)
-    loader = make(DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=generator))
-    iterator = iter(loader)
-    next(iterator)
-    if isinstance(loader, BackgroundLoader):  # let it read ahead as far as it may
-        wait_went_ahead(engine_of(iterator))
-    del iterator  # a break after the first batch
-    return [[value for batch in loader for value in batch.tolist()] for _ in range(2)]
-
-
-class TestSeededShuffleCutShort:
-    """Known gap: an epoch cut short after the read-ahead drew a short last batch."""
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason="known gap (found 2026-12-07): the read-ahead drew the short last batch, whose "
-        "drawing made RandomSampler draw the next permutation from the generator; the plain "
-        "loop that breaks before it never does, so later epochs differ",
-    )
-    def test_later_epochs_in_the_plain_order(self) -> None:
-        """The epochs after a cut-short one come in the plain loader's order."""
-        plain = cut_short_then_whole(lambda loader: loader)
-        assert plain[0] != plain[1]  # the shuffle differs between epochs: the check can fail
-        assert cut_short_then_whole(lambda loader: BackgroundLoader(loader, depth=4)) == plain
-
-
 @pytest.fixture
 def fake_ops(monkeypatch: pytest.MonkeyPatch) -> list[FakeOps]:
     """Make every CudaPrefetcher see a fake 'cuda:0'."""
     return fake_device.install(monkeypatch)
+
+
+def shuffled_ten(generator: torch.Generator) -> DataLoader[int]:
+    """Ten samples in batches of four: drawing the short last batch draws the next permutation."""
+    return DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=generator)
+
+
+def drawn_with_replacement(generator: torch.Generator) -> DataLoader[int]:
+    """100 samples drawn with replacement: ``RandomSampler`` draws 32 indices at a time."""
+    sampler = RandomSampler(range(100), replacement=True, generator=generator)
+    return DataLoader(list(range(100)), batch_size=8, sampler=sampler)
+
+
+def with_workers(generator: torch.Generator) -> DataLoader[int]:
+    """42 samples in 11 batches over two workers (which draw 4 batches ahead themselves)."""
+    return DataLoader(
+        list(range(42)), batch_size=4, shuffle=True, generator=generator, num_workers=2
+    )
+
+
+def cut_short_then_whole(
+    make: Callable[[DataLoader[int]], Any],
+    build: Callable[[torch.Generator], DataLoader[int]] = shuffled_ten,
+    stop: Callable[[Any], object] = wait_read_ahead,
+    between: Callable[[torch.Generator], object] = lambda generator: None,
+) -> list[list[int]]:
+    """Epoch 0 cut after its first batch, then two whole epochs: their orders.
+
+    ``stop`` runs before the cut epoch is dropped; by default it waits until
+    the wrapper's thread went as far ahead as it may, so that the outcome does
+    not depend on timing. ``between`` runs after the cut and before the next
+    epoch, with the generator.
+    """
+    generator = torch.Generator().manual_seed(0)
+    loader = make(build(generator))
+    iterator = iter(loader)
+    next(iterator)
+    stop(iterator)
+    del iterator  # a break after the first batch
+    between(generator)
+    return [[value for batch in loader for value in batch.tolist()] for _ in range(2)]
+
+
+CUT_SHORT_STACKS: dict[str, Callable[[Any], Any]] = {
+    "background-depth-4": lambda loader: BackgroundLoader(loader, depth=4),
+    "background(background)": lambda loader: BackgroundLoader(BackgroundLoader(loader, depth=8)),
+    "fetch_threads": lambda loader: BackgroundLoader(loader, fetch_threads=3, depth=8),
+    "fetch_threads-batch": lambda loader: BackgroundLoader(
+        loader, fetch_threads=2, fetch_grain="batch", depth=8
+    ),
+    "cuda": lambda loader: CudaPrefetcher(loader, depth=4),
+    "cuda(background)": lambda loader: CudaPrefetcher(BackgroundLoader(loader, depth=8), depth=1),
+}
+"""Read ahead past the short last batch (a CudaPrefetcher on a fake device, see fake_ops)."""
+
+
+@pytest.mark.usefixtures("fake_ops")
+@pytest.mark.filterwarnings("ignore:CudaPrefetcher.*unpinned:UserWarning")
+class TestSeededShuffleCutShort:
+    """An epoch cut short leaves a seeded shuffle's generator where the plain loop leaves it.
+
+    The read-ahead may draw the short last batch (and with it the next
+    permutation), or the next 32 indices with replacement; the epoch's end
+    sets the generator back to where the loop's last batch left it.
+    """
+
+    @pytest.mark.parametrize("stack", sorted(CUT_SHORT_STACKS))
+    def test_later_epochs_in_the_plain_order(self, stack: str) -> None:
+        """The epochs after a cut-short one come in the plain loader's order."""
+        plain = cut_short_then_whole(lambda loader: loader)
+        assert plain[0] != plain[1]  # the shuffle differs between epochs: the check can fail
+        assert cut_short_then_whole(CUT_SHORT_STACKS[stack]) == plain
+
+    @pytest.mark.parametrize("stack", ["background-depth-4", "cuda(background)"])
+    def test_with_replacement(self, stack: str) -> None:
+        """A sampler drawing 32 indices at a time: its draws past the break are set back."""
+        plain = cut_short_then_whole(lambda loader: loader, drawn_with_replacement)
+        wrapped = cut_short_then_whole(CUT_SHORT_STACKS[stack], drawn_with_replacement)
+        assert wrapped == plain
+
+    def test_with_worker_processes(self) -> None:
+        """Two workers: their own read-ahead is the plain loader's too; ours is set back."""
+        plain = cut_short_then_whole(lambda loader: loader, with_workers)
+        wrapped = cut_short_then_whole(
+            lambda loader: BackgroundLoader(loader, depth=8), with_workers
+        )
+        assert wrapped == plain
+
+    @pytest.mark.parametrize("stack", ["background-depth-4", "cuda", "cuda(background)"])
+    def test_closed_rather_than_dropped(self, stack: str) -> None:
+        """``close()`` on the cut epoch sets the generator back as dropping it does."""
+        plain = cut_short_then_whole(lambda loader: loader)
+
+        def close(iterator: Any) -> None:
+            wait_read_ahead(iterator)
+            iterator.close()
+
+        closed = cut_short_then_whole(CUT_SHORT_STACKS[stack], stop=close)
+        assert closed == plain
+
+    @pytest.mark.parametrize("stack", ["background-depth-4", "cuda(background)"])
+    def test_set_back_at_the_break(self, stack: str) -> None:
+        """Another loader on the same generator, iterated between: it draws after the setting."""
+
+        def validate(generator: torch.Generator) -> object:
+            return [batch.tolist() for batch in DataLoader([0, 1, 2], generator=generator)]
+
+        plain = cut_short_then_whole(lambda loader: loader, between=validate)
+        wrapped = cut_short_then_whole(CUT_SHORT_STACKS[stack], between=validate)
+        assert wrapped == plain
+
+    def test_a_thread_inside_the_sampler_is_waited_out(self) -> None:
+        """The thread still draws after the break: the next epoch waits it out, then sets back."""
+        gated = GatedSampler(range(10))
+        plain = cut_short_then_whole(lambda loader: loader, gated.loader)
+        gated.gate.clear()
+        gated.blocked.clear()  # the plain epochs went past the gate
+
+        def cut_while_blocked(iterator: Any) -> None:
+            assert gated.blocked.wait(LIVENESS_SECONDS)  # the thread is inside the sampler
+            engine = engine_of(iterator)
+            iterator.close()  # gives up waiting for the thread after the stuck grace
+            assert any(thread.is_alive() for thread in engine.threads)
+            gated.gate.set()  # the thread draws the next permutation now, then leaves
+
+        wrapped = cut_short_then_whole(
+            lambda loader: BackgroundLoader(loader, depth=4), gated.loader, stop=cut_while_blocked
+        )
+        assert wrapped == plain
+
+    def test_a_pickled_wrapper_sets_back_its_own_generator(self) -> None:
+        """A copy's generators are its own loader's (pickled together): those are set back."""
+        plain = cut_short_then_whole(lambda loader: loader)
+        copied = cut_short_then_whole(
+            lambda loader: pickle.loads(pickle.dumps(BackgroundLoader(loader, depth=4)))
+        )
+        assert copied == plain
+
+    def test_an_epoch_open_beside_it_is_left_alone(self) -> None:
+        """Closing one of two epochs sets nothing while the other one still draws."""
+
+        def second_epoch(make: Callable[[DataLoader[int]], Any]) -> list[int]:
+            loader = make(drawn_with_replacement(torch.Generator().manual_seed(0)))
+            first, second = iter(loader), iter(loader)
+            next(first)  # the first draws its first 32 indices, the second its own 32
+            taken = next(second).tolist()
+            wait_read_ahead(first)
+            wait_read_ahead(second)
+            del first  # dropped: a break out of the first
+            return taken + [value for batch in second for value in batch.tolist()]
+
+        plain = second_epoch(lambda loader: loader)
+        assert second_epoch(lambda loader: BackgroundLoader(loader, depth=2)) == plain
+
+
+class FakeEpoch:
+    """A stopped epoch whose thread leaves the source after ``busy`` more joins."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.joins = 0
+
+    def join(self, *, timeout: float, stuck_grace: float) -> bool:
+        self.joins += 1
+        return self.joins > self.busy
+
+
+class TestSamplingGenerators:
+    """The generators go back to where the loop stopped, never under a draw."""
+
+    def test_found_through_a_batch_sampler_each_once(self) -> None:
+        """The loader's and a batch sampler's sampler's generators; a shared one once."""
+        own, shared = torch.Generator(), torch.Generator()
+        sampler = RandomSampler(range(8), generator=shared)
+        batches = BatchSampler(sampler, batch_size=2, drop_last=False)
+        loader = DataLoader(range(8), batch_sampler=batches, generator=own)
+        assert generators_of(loader) == (own, shared)
+        assert generators_of(DataLoader(range(8), shuffle=True, generator=own)) == (own,)
+        assert SamplingGenerators.of(DataLoader(range(8), shuffle=True)) is None
+
+    def test_a_thread_inside_defers_the_setting_to_settle(self) -> None:
+        """Over with a thread inside: nothing set; settle joins until it left, then sets."""
+        generator = torch.Generator().manual_seed(0)
+        sampling = SamplingGenerators((generator,))
+        sampling.opened()
+        mark = sampling.mark()
+        torch.rand(3, generator=generator)  # the thread's draw past the loop's last item
+        moved = generator.get_state()
+        epoch = FakeEpoch(busy=2)
+        sampling.over(mark[0:1], inside=epoch)
+        assert torch.equal(generator.get_state(), moved)
+        sampling.settle()
+        assert epoch.joins == 3
+        assert torch.equal(generator.get_state(), mark[0])
+
+    def test_nothing_set_while_another_epoch_runs(self) -> None:
+        """Two epochs open: the first one over sets nothing, the last one sets its own."""
+        generator = torch.Generator().manual_seed(0)
+        sampling = SamplingGenerators((generator,))
+        sampling.opened()
+        sampling.opened()
+        first = sampling.mark()
+        torch.rand(3, generator=generator)
+        last = sampling.mark()
+        torch.rand(3, generator=generator)
+        now = generator.get_state()
+        sampling.over(first, inside=None)
+        assert torch.equal(generator.get_state(), now)
+        sampling.over(last, inside=None)
+        assert torch.equal(generator.get_state(), last[0])
+
+
+class GatedSampler(RandomSampler):
+    """A ``RandomSampler`` that waits for ``gate`` before asking past its last index."""
+
+    def __init__(self, data: range) -> None:
+        super().__init__(data)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.blocked = threading.Event()
+
+    def loader(self, generator: torch.Generator) -> DataLoader[int]:
+        """Ten samples in batches of four over this sampler, drawing from ``generator``."""
+        self.generator = generator
+        return DataLoader(list(range(10)), batch_size=4, sampler=self)
+
+    def __iter__(self) -> Iterator[int]:
+        indices = super().__iter__()
+        for _ in range(len(self)):
+            yield next(indices)
+        self.blocked.set()
+        assert self.gate.wait(LIVENESS_SECONDS)
+        yield from indices  # draws the next permutation, then ends
 
 
 class TestCudaPrefetcher:

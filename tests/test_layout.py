@@ -23,12 +23,15 @@ import prefetch
 ROOT = pathlib.Path(prefetch.__file__).parent
 LAYERS = {"_torch": 0, "_shared": 1, "_threads": 2, "_device": 3}
 """A folder may import from folders of its own layer or below."""
-PARTNERS = {("_shared/checkpointing.py", "_shared/wrapper.py")}
+PARTNERS = {
+    ("_shared/checkpointing.py", "_shared/wrapper.py"),
+    ("_shared/open_epochs.py", "_shared/epoch.py"),
+}
 """(reader, owner): modules that read each other's private names by design."""
 HOOKS = {"_idle_epoch", "_start_state", "_copied_to"}
 """Hooks LoaderWrapper declares: any wrapper may call them on the wrapper it wraps."""
-ITERATOR_HOOKS = {"_launch"}
-"""Hooks EpochIterator declares: the wrapper base calls them on the iterator it opens."""
+ITERATOR_HOOKS = {"_launch", "_sampling_position"}
+"""Hooks EpochIterator declares: the wrapper base calls them on the iterators it opens."""
 DECLARED = {"_runs_on_consumer_thread"}
 """Class attributes LoaderWrapper declares and a subclass overrides; any wrapper may read them."""
 

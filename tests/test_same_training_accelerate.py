@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from prefetch import BackgroundLoader, CudaPrefetcher
 
 from .accelerators import reset_accelerate
+from .liveness import wait_read_ahead
 from .same_training import STACKS, THREAD_STACKS, assert_same_steps
 from .subprocesses import torchrun
 
@@ -49,6 +50,12 @@ PREPARED: dict[str, dict[str, bool]] = {
     "dispatcher": {"dispatch_batches": True},
 }
 """accelerate's prepared loaders: DataLoaderShard (stateful or not), DataLoaderDispatcher."""
+
+DEEP_STACKS: dict[str, Callable[[Any], Any]] = {
+    "background_depth8": lambda loader: BackgroundLoader(loader, depth=8),
+    "cuda_over_background_depth8": lambda loader: CudaPrefetcher(BackgroundLoader(loader, depth=8)),
+}
+"""Stacks whose thread reads far ahead at once (past the break, to the short last batch)."""
 
 
 def samples() -> torch.Tensor:
@@ -139,6 +146,38 @@ class TestGradientAccumulation:
             return seen
 
         assert_same_steps(run(lambda x: x), run(STACKS[stack]), stack)
+
+    @pytest.mark.parametrize("stack", sorted(DEEP_STACKS))
+    def test_a_break_leaves_a_seeded_shuffle_as_plain(
+        self, stack: str, make_accelerator: Callable[..., Any]
+    ) -> None:
+        """Shuffled with a generator, cut at step 6 of 10: the next two epochs' batches are plain's.
+
+        The read-ahead (8 deep) draws the short last batch, and with it the
+        next permutation, before the break; the wrapper sets the generator back.
+        """
+
+        def run(wrap: Callable[[Any], Any]) -> list[Any]:
+            accelerator = make_accelerator(accumulation=ACCUMULATION)
+            generator = torch.Generator().manual_seed(0)
+            shuffled = DataLoader(samples(), batch_size=BATCH, shuffle=True, generator=generator)
+            loader = wrap(accelerator.prepare(shuffled))
+            seen: list[Any] = []
+            for step, batch in enumerate(loader):
+                seen.append(batch.tolist())
+                if step == 6:
+                    ours = getattr(loader.base_dataloader, "_newest", None)  # inside accelerate's
+                    if ours is not None:  # let its thread read as far ahead as it may
+                        wait_read_ahead(ours())
+                    break
+            for _ in range(2):
+                seen.append([batch.tolist() for batch in loader])
+            reset_accelerate()
+            return seen
+
+        plain = run(lambda x: x)
+        assert plain[-1] != plain[-2]  # each epoch its own order: the check can fail
+        assert_same_steps(plain, run(DEEP_STACKS[stack]), stack)
 
 
 # --- two processes: gather_for_metrics over a padded last batch -------------------------

@@ -63,13 +63,16 @@ class Model(L.LightningModule):  # type: ignore[misc,name-defined]
         return self.make()
 
 
-def fit(make: Callable[[], Any], root: Path) -> list[tuple[int, list[float], float]]:
-    """Three epochs from torch's global seed; what every training step saw."""
+def fit(
+    make: Callable[[], Any], root: Path, limit: int | None = None
+) -> list[tuple[int, list[float], float]]:
+    """Three epochs from torch's global seed (``limit`` batches each); what every step saw."""
     torch.manual_seed(SEED)
     model = Model(make)
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=EPOCHS,
+        limit_train_batches=limit,
         default_root_dir=str(root),
         logger=False,
         enable_checkpointing=False,
@@ -96,3 +99,21 @@ class TestSeededShuffle:
         plain = fit(lambda: shuffled(seeded_by), tmp_path / "plain")
         wrapped = fit(lambda: WRAPS[stack](shuffled(seeded_by)), tmp_path / "wrapped")
         assert_same_steps(plain, wrapped, f"{stack} ({seeded_by})")
+
+
+def short_last_batch() -> DataLoader[Any]:
+    """Ten samples in batches of four, seeded: drawing the short last batch draws the next order."""
+    data = TensorDataset(torch.arange(10.0).unsqueeze(1))
+    generator = torch.Generator().manual_seed(SEED)
+    return DataLoader(data, batch_size=4, shuffle=True, generator=generator)
+
+
+class TestLimitTrainBatches:
+    """``limit_train_batches=1`` cuts every epoch short of the short last batch the wrapper read."""
+
+    @pytest.mark.parametrize("stack", sorted(set(WRAPS) - {"plain"}))
+    def test_every_epoch_as_plain(self, stack: str, tmp_path: Path) -> None:
+        plain = fit(short_last_batch, tmp_path / "plain", limit=1)
+        assert len({tuple(ids) for _, ids, _ in plain}) == EPOCHS  # each epoch its own order
+        wrapped = fit(lambda: WRAPS[stack](short_last_batch()), tmp_path / "wrapped", limit=1)
+        assert_same_steps(plain, wrapped, f"{stack} (limit_train_batches=1)")

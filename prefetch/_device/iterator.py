@@ -270,7 +270,8 @@ class DeviceIterator(EpochIterator[T]):
             stats.finished = time.perf_counter()
         self._keep_read_ahead()
         self._pending.clear()
-        self._release()
+        self._release()  # a wrapper below is over first: this epoch's position is set last
+        self._record.over(None)
 
     def _keep_read_ahead(self) -> None:
         """Over a one-shot source, keep what is read ahead for the next epoch."""
@@ -289,5 +290,9 @@ class DeviceIterator(EpochIterator[T]):
     def __del__(self) -> None:
         # A `break` drops the iterator: over a one-shot source what it read ahead
         # is kept for the next epoch (the finalizer, which cannot see it, releases).
+        # Over a seeded shuffle the generators go back to where the loop stopped, now.
         if getattr(self, "_pending", None):
             self._keep_read_ahead()
+        record = getattr(self, "_record", None)
+        if record is not None and record.sampling is not None:
+            self._finish()

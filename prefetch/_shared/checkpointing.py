@@ -139,7 +139,7 @@ class Checkpointing(_Twin):
         if newest is not None:
             newest.start()
         del newest
-        state = read_state(self._loader) if self._epoch is None else self._epoch.state
+        state = read_state(self._loader) if self._epoch is None else self._epoch.state.checkpoint
         if isinstance(state, StateUnavailable):
             msg = f"{type(self).__name__}.state_dict() has no state to give: {state.describe()}"
             raise NotStatefulError(msg) from state.error

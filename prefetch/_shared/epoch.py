@@ -12,9 +12,10 @@ An epoch starts in three named steps, all on the caller's thread:
    (its threads, or its device queue) and registers the :class:`Stoppable`
    that stops it.
 
-The wrapper keeps its started epochs in an :class:`OpenEpochs` registry,
-each with its :class:`Stoppable`: what stops the epoch's threads, or releases
-its source, even once the iterator itself is gone.
+The wrapper keeps its started epochs in a registry
+(:class:`~prefetch._shared.open_epochs.OpenEpochs`), each with its
+:class:`Stoppable`: what stops the epoch's threads, or releases its source,
+even once the iterator itself is gone.
 
 Invariants:
 
@@ -28,19 +29,20 @@ Invariants:
 * **Stopped once, said why.** An epoch that a newer one had to stop
   (:meth:`EpochIterator._invalidate`) raises ``RuntimeError`` with the reason
   on its next ``next()``, then ``StopIteration``: it never ends silently.
-* **Waited out.** :meth:`OpenEpochs.stop_all` with ``wait=True`` returns only
-  once every registered epoch's threads have left its source (a ``DataLoader``
-  with persistent workers may then reset its one iterator).
+* **Waited out.** :meth:`~prefetch._shared.open_epochs.OpenEpochs.stop_all`
+  with ``wait=True`` returns only once every registered epoch's threads have
+  left its source (a ``DataLoader`` with persistent workers may then reset
+  its one iterator).
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from prefetch._shared.read_ahead import ReadAhead, Resumed
+from prefetch._shared.sampling import SamplingGenerators
 from prefetch._shared.stats import LoaderStats
 from prefetch._torch.workers import shut_down_workers
 
@@ -60,21 +62,35 @@ class EpochRecord:
 
     Attributes:
         stats: The epoch's :class:`~prefetch.LoaderStats`, shared with its iterator.
-        state: The wrapped loader's checkpoint state as of the last item handed
-            to the training loop (``None`` unless the loader is stateful).
+        state: Where the wrapped loader was after the last item handed to the
+            training loop: a :class:`~prefetch._shared.sampling.Position` (its
+            checkpoint state and its sampling generators' states).
         source_ended: Whether the epoch's source raised ``StopIteration``
             (a one-shot source is then used up).
         largest_item: Bytes of the largest item this loader produced so far,
             earlier epochs included (0: unknown); a hint for the byte bound.
+        sampling: The generators the epoch draws from, until it is over
+            (``None``: none, or over).
     """
 
-    __slots__ = ("largest_item", "source_ended", "state", "stats")
+    __slots__ = ("largest_item", "sampling", "source_ended", "state", "stats")
 
     def __init__(self, state: Any, largest_item: int = 0) -> None:
         self.stats = LoaderStats(started=time.perf_counter())
         self.state = state
         self.source_ended = False
         self.largest_item = largest_item
+        self.sampling: SamplingGenerators | None = None
+
+    def over(self, inside: Stoppable | None) -> None:
+        """The epoch is over: its generators go where its loop's last item left them (once).
+
+        ``inside`` is the epoch's :class:`Stoppable` if its threads may still
+        be in the source (:mod:`prefetch._shared.sampling`).
+        """
+        sampling, self.sampling = self.sampling, None
+        if sampling is not None:
+            sampling.over(self.state.sampling, inside)
 
 
 class Stoppable(Protocol):
@@ -118,6 +134,10 @@ class EpochIterator(Iterator[T]):
 
     def __iter__(self: E) -> E:
         return self
+
+    def _sampling_position(self) -> Any:
+        """The sampling generators' states after the last item this epoch handed over."""
+        return self._record.state.sampling
 
     def start(self) -> None:
         """Start the epoch now, if it has not started: the first ``next()`` does it otherwise.
@@ -217,73 +237,6 @@ def raised_by_source(source: Iterator[Any], error: BaseException) -> bool:
     if isinstance(source, Resumed):
         return source.raised(error) or raised_by_source(source.source, error)
     return isinstance(source, EpochIterator) and source._raised(error)
-
-
-class OpenEpochs:
-    """A wrapper's epochs that may still hold its source, and the latest one's record.
-
-    Example:
-        >>> epochs = OpenEpochs()
-        >>> epochs.last is None
-        True
-    """
-
-    def __init__(self) -> None:
-        self._open: list[tuple[weakref.ref[EpochIterator[Any]], Stoppable]] = []
-        self._stopped: list[Stoppable] = []  # stopped epochs whose read-ahead is not taken yet
-        self.last: EpochRecord | None = None
-
-    def add(self, iterator: EpochIterator[Any]) -> None:
-        """Register an epoch that was just opened; it becomes the latest."""
-        self._open.append((weakref.ref(iterator), iterator._stopper))
-        self.last = iterator._record
-
-    def stop_all(self, *, reason: str | None, wait: bool) -> None:
-        """Stop every registered epoch; with ``reason``, its next ``next()`` says why.
-
-        With ``wait``, return only once every epoch's threads have left its
-        source (however long the source takes to return).
-        """
-        epochs, self._open = self._open, []
-        for ref, stopper in epochs:
-            iterator = ref()
-            if iterator is None:  # dropped: its threads may still be inside the source
-                stopper.stop()
-                stopper.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
-            elif reason is not None:
-                iterator._invalidate(reason)
-            else:
-                iterator.close()
-            del iterator
-            if stopper.keeps:
-                self._stopped.append(stopper)
-            while wait and not stopper.join(timeout=0.1, stuck_grace=0.1):
-                pass  # e.g. before persistent workers are reset: wait them out
-
-    def take_read_ahead(self) -> ReadAhead:
-        """Wait out every stopped epoch; return what they read ahead of a one-shot source, in order.
-
-        Call it before the next epoch over the same one-shot source starts.
-        """
-        carried = ReadAhead()
-        stopped, self._stopped = self._stopped, []
-        for stopper in stopped:
-            while not stopper.join(timeout=0.1, stuck_grace=0.1):
-                pass  # its thread is still inside the source: what it draws is carried too
-            carried.extend(stopper.read_ahead())
-        return carried
-
-    def forget_dropped(self) -> None:
-        """Stop and forget the epochs whose iterator was dropped; keep the others."""
-        kept = []
-        for entry in self._open:
-            ref, stopper = entry
-            if ref() is not None:
-                kept.append(entry)
-            else:
-                stopper.stop()
-                stopper.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
-        self._open = kept
 
 
 def release_source(source: Iterator[Any], owned: bool) -> None:

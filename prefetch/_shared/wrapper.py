@@ -33,16 +33,18 @@ every wrapper's ``__init__``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from prefetch._shared.adapters import iterates_a_base
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
-from prefetch._shared.epoch import EpochIterator, EpochRecord, OpenEpochs, Opener
+from prefetch._shared.epoch import EpochIterator, EpochRecord, Opener
 from prefetch._shared.facts import LoaderFacts
+from prefetch._shared.open_epochs import OpenEpochs
 from prefetch._shared.passthrough import set_epoch_on, sized_length, warn_consumed, why_unsized
 from prefetch._shared.read_ahead import ReadAhead, Resumed
+from prefetch._shared.sampling import Position, SamplingGenerators, position_reader
 from prefetch._shared.stateful import read_state
 from prefetch._shared.stats import LoaderStats
 from prefetch._shared.totals import EpochTotals, TotalStats
@@ -126,6 +128,10 @@ class LoaderWrapper:
         self._facts: LoaderFacts = (
             loader._facts if isinstance(loader, LoaderWrapper) else LoaderFacts.of(loader)
         )
+        # A seeded shuffle's generators, shared through a stack: each epoch sets them back.
+        self._sampling: SamplingGenerators | None = (
+            loader._sampling if isinstance(loader, LoaderWrapper) else SamplingGenerators.of(loader)
+        )
 
     def __iter__(self) -> EpochIterator[Any]:
         """Return an idle epoch: nothing runs until it starts (:mod:`~prefetch._shared.epoch`)."""
@@ -172,6 +178,9 @@ class LoaderWrapper:
             carried = ReadAhead()
             self._epochs.forget_dropped()
         self._started = max(self._started, serial)
+        sampling = self._sampling
+        if sampling is not None:  # where the loop left the last epoch, before iter() draws
+            sampling.settle()
         try:
             source = iter(loader)
         except BaseException as error:  # Ctrl-C while torch started workers: see the module
@@ -182,7 +191,11 @@ class LoaderWrapper:
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
         # this state, not the finished previous one. Nothing runs ahead yet.
         last = self._epochs.last
-        record = EpochRecord(self._start_state(), last.largest_item if last is not None else 0)
+        # Over a wrapper below, where its epoch's loop (this one) got to, not its thread.
+        below = source._sampling_position if isinstance(source, EpochIterator) else None
+        read_sampling = sampling.reader(below) if sampling is not None else None
+        start = Position(self._start_state(), read_sampling() if read_sampling else None)
+        record = EpochRecord(start, last.largest_item if last is not None else 0)
         record.stats.parallel_fetch_available = self._parallel_fetch_available
         record.stats.facts = self._facts
         owned = source is not loader  # a one-shot iterator the user passed in stays open
@@ -193,9 +206,14 @@ class LoaderWrapper:
             record,
             owned=owned,
             keep=isinstance(innermost(loader), Iterator),
-            read_state=self._state_reader(),
+            read_state=position_reader(
+                partial(read_state, loader) if self._stateful else None, read_sampling
+            ),
             expected=sized_length(loader),
         )
+        if sampling is not None:  # its iterator sets the generators back when it is over
+            record.sampling = sampling
+            sampling.opened()
         self._epoch = record
         self._epochs.add(iterator)
         self._totals.add(iterator)
@@ -207,10 +225,6 @@ class LoaderWrapper:
     def _start_state(self) -> Any:
         """Hook: the wrapped loader's state as an epoch starts (``None``: not stateful)."""
         return None
-
-    def _state_reader(self) -> Callable[[], Any] | None:
-        """What reads the wrapped loader's state after each item, or ``None`` if not stateful."""
-        return partial(read_state, self._loader) if self._stateful else None
 
     def _copied_to(self, device: torch.device) -> None:
         """Hook: a wrapper stacked on this one copies its items to ``device``."""

@@ -294,7 +294,8 @@ class BackgroundIterator(EpochIterator[T]):
         self._opener = None  # an idle epoch closed before its first next() never starts
         if self._finalizer is not None and self._engine is not None:
             self._finalizer()
-            self._engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
+            left = self._engine.join(timeout=CLOSE_TIMEOUT, stuck_grace=STUCK_GRACE)
+            self._record.over(None if left else self._engine)
 
     def _read_ahead(self) -> list[Run]:
         """The runs taken from the engine and not handed over yet, in order."""
@@ -308,11 +309,14 @@ class BackgroundIterator(EpochIterator[T]):
     def __del__(self) -> None:
         # A `break` drops the iterator: over a one-shot source what it read ahead
         # is kept for the next epoch (the finalizer, which cannot see it, stops the engine).
+        # Over a seeded shuffle the generators go back to where the loop stopped, now.
         engine = getattr(self, "_engine", None)
         if engine is not None and engine.keeps and not self._done:
             self._done = True
             engine.keep_front(self._read_ahead())
             engine.stop()
+        elif engine is not None and self._record.sampling is not None:
+            self._finish()
 
 
 def started_threads(iterator: BackgroundIterator[Any]) -> tuple[threading.Thread, ...]:
