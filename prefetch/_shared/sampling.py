@@ -25,6 +25,11 @@ Invariants:
   while the outer one runs, and the outer one's position is set last. Two
   iterators of one loader at once draw in an order no wrapper can repeat;
   their generators are left where the threads left them.
+
+A loop that draws from the loader's own generator as well sees its draws
+interleaved with the thread's in another order than plain anyway; those it
+made after the thread read the last received item's position are set back
+with the rest.
 """
 
 from __future__ import annotations
