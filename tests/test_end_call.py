@@ -144,27 +144,60 @@ def with_workers(generator: torch.Generator) -> DataLoader[int]:
     )
 
 
+def nothing(generator: torch.Generator) -> None:
+    """A hook that does nothing."""
+
+
 def cut_short_then_whole(
     make: Callable[[DataLoader[int]], Any],
     build: Callable[[torch.Generator], DataLoader[int]] = shuffled_ten,
     stop: Callable[[Any], object] = wait_read_ahead,
-    between: Callable[[torch.Generator], object] = lambda generator: None,
+    during: Callable[[torch.Generator], object] = nothing,
+    between: Callable[[torch.Generator], object] = nothing,
+    taken: int = 1,
 ) -> list[list[int]]:
-    """Epoch 0 cut after its first batch, then two whole epochs: their orders.
+    """Epoch 0 cut after ``taken`` batches, then two whole epochs: their orders.
 
     ``stop`` runs before the cut epoch is dropped; by default it waits until
     the wrapper's thread went as far ahead as it may, so that the outcome does
-    not depend on timing. ``between`` runs after the cut and before the next
-    epoch, with the generator.
+    not depend on timing. ``during`` runs, with the generator, after it and
+    before the drop; ``between`` after the drop, before the next epoch.
     """
     generator = torch.Generator().manual_seed(0)
     loader = make(build(generator))
     iterator = iter(loader)
-    next(iterator)
+    for _ in range(taken):
+        next(iterator)
     stop(iterator)
-    del iterator  # a break after the first batch
+    during(generator)
+    del iterator  # a break
     between(generator)
     return [[value for batch in loader for value in batch.tolist()] for _ in range(2)]
+
+
+def whole_epochs(
+    make: Callable[[DataLoader[int]], Any], build: Callable[[torch.Generator], DataLoader[int]]
+) -> list[list[int]]:
+    """Three whole epochs, each asked past its last batch (a ``for`` loop): their orders."""
+    loader = make(build(torch.Generator().manual_seed(0)))
+    return [[value for batch in loader for value in batch.tolist()] for _ in range(3)]
+
+
+def shuffled_twelve(generator: torch.Generator) -> DataLoader[int]:
+    """Twelve samples in batches of four: no short batch, the end draws the next permutation."""
+    return DataLoader(list(range(12)), batch_size=4, shuffle=True, generator=generator)
+
+
+def short_batch_dropped(generator: torch.Generator) -> DataLoader[int]:
+    """Ten samples in batches of four, the short one dropped: the end draws the permutation."""
+    return DataLoader(
+        list(range(10)), batch_size=4, shuffle=True, generator=generator, drop_last=True
+    )
+
+
+def validate(generator: torch.Generator) -> object:
+    """Another loader on the same generator: its ``iter()`` draws a seed from it."""
+    return [batch.tolist() for batch in DataLoader([0, 1, 2], generator=generator)]
 
 
 CUT_SHORT_STACKS: dict[str, Callable[[Any], Any]] = {
@@ -227,18 +260,35 @@ class TestSeededShuffleCutShort:
     @pytest.mark.parametrize("stack", ["background-depth-4", "cuda(background)"])
     def test_set_back_at_the_break(self, stack: str) -> None:
         """Another loader on the same generator, iterated between: it draws after the setting."""
-
-        def validate(generator: torch.Generator) -> object:
-            return [batch.tolist() for batch in DataLoader([0, 1, 2], generator=generator)]
-
         plain = cut_short_then_whole(lambda loader: loader, between=validate)
         wrapped = cut_short_then_whole(CUT_SHORT_STACKS[stack], between=validate)
         assert wrapped == plain
 
-    def test_a_thread_inside_the_sampler_is_waited_out(self) -> None:
-        """The thread still draws after the break: the next epoch waits it out, then sets back."""
+    @pytest.mark.parametrize("stack", sorted(CUT_SHORT_STACKS))
+    @pytest.mark.parametrize("build", [shuffled_twelve, short_batch_dropped])
+    def test_whole_epochs_keep_the_draw_at_their_end(
+        self, stack: str, build: Callable[[torch.Generator], DataLoader[int]]
+    ) -> None:
+        """Asked past the last batch, the sampler draws the next permutation: it stays drawn."""
+        plain = whole_epochs(lambda loader: loader, build)
+        assert plain[1] != plain[2]  # each epoch its own order: the check can fail
+        assert whole_epochs(CUT_SHORT_STACKS[stack], build) == plain
+
+    @pytest.mark.parametrize("stack", ["background-depth-4", "cuda(background)"])
+    def test_a_draw_by_another_loader_before_the_drop_is_kept(self, stack: str) -> None:
+        """Another loader on the generator iterated while the cut epoch is still open: kept."""
+        plain = cut_short_then_whole(lambda loader: loader, shuffled_twelve, during=validate)
+        wrapped = cut_short_then_whole(CUT_SHORT_STACKS[stack], shuffled_twelve, during=validate)
+        assert wrapped == plain
+
+    def test_a_thread_still_inside_keeps_its_draws(self) -> None:
+        """A thread inside the sampler at the break: nothing is set under its later draws.
+
+        It drew before it blocked and draws the next permutation when it goes
+        on: the generator ends as a loop that also took the last batch leaves it.
+        """
         gated = GatedSampler(range(10))
-        plain = cut_short_then_whole(lambda loader: loader, gated.loader)
+        plain = cut_short_then_whole(lambda loader: loader, gated.loader, taken=3)
         gated.gate.clear()
         gated.blocked.clear()  # the plain epochs went past the gate
 
@@ -251,6 +301,31 @@ class TestSeededShuffleCutShort:
 
         wrapped = cut_short_then_whole(
             lambda loader: BackgroundLoader(loader, depth=4), gated.loader, stop=cut_while_blocked
+        )
+        assert wrapped == plain
+
+    def test_a_reseed_after_the_break_is_kept(self) -> None:
+        """A thread still reading at the break, then ``manual_seed``: the next epochs follow it."""
+        gated = GatedData(10, block_at=5)  # the thread's second batch waits in the dataset
+
+        def reseed(generator: torch.Generator) -> None:
+            generator.manual_seed(7)
+            gated.gate.set()
+
+        plain = cut_short_then_whole(lambda loader: loader, gated.loader, between=reseed)
+        gated.calls, gated.gate, gated.blocked = 0, threading.Event(), threading.Event()
+
+        def cut_while_reading(iterator: Any) -> None:
+            assert gated.blocked.wait(LIVENESS_SECONDS)
+            engine = engine_of(iterator)
+            iterator.close()
+            assert any(thread.is_alive() for thread in engine.threads)
+
+        wrapped = cut_short_then_whole(
+            lambda loader: BackgroundLoader(loader, depth=4),
+            gated.loader,
+            stop=cut_while_reading,
+            between=reseed,
         )
         assert wrapped == plain
 
@@ -304,40 +379,74 @@ class TestSamplingGenerators:
         assert generators_of(DataLoader(range(8), shuffle=True, generator=own)) == (own,)
         assert SamplingGenerators.of(DataLoader(range(8), shuffle=True)) is None
 
-    def test_a_thread_inside_defers_the_setting_to_settle(self) -> None:
-        """Over with a thread inside: nothing set; settle joins until it left, then sets."""
+    def test_nothing_set_while_a_thread_is_inside(self) -> None:
+        """Over with a thread inside: nothing set; once it left, the next epoch over sets."""
         generator = torch.Generator().manual_seed(0)
         sampling = SamplingGenerators((generator,))
         sampling.opened()
-        mark = sampling.mark()
+        received = sampling.mark()
         torch.rand(3, generator=generator)  # the thread's draw past the loop's last item
-        moved = generator.get_state()
-        epoch = FakeEpoch(busy=2)
-        sampling.over(mark[0:1], inside=epoch)
-        assert torch.equal(generator.get_state(), moved)
-        sampling.settle()
-        assert epoch.joins == 3
-        assert torch.equal(generator.get_state(), mark[0])
+        moved = sampling.mark()
+        epoch = FakeEpoch(busy=1)
+        sampling.over(received, inside=epoch)
+        assert torch.equal(generator.get_state(), moved[0])
+        sampling.opened()
+        sampling.over(received, inside=None)  # the thread left by now
+        assert epoch.joins == 2
+        assert torch.equal(generator.get_state(), received[0])
 
     def test_nothing_set_while_another_epoch_runs(self) -> None:
-        """Two epochs open: the first one over sets nothing, the last one sets its own."""
+        """Two epochs open: the first one over sets nothing, the last one sets its position."""
         generator = torch.Generator().manual_seed(0)
         sampling = SamplingGenerators((generator,))
         sampling.opened()
         sampling.opened()
-        first = sampling.mark()
+        received = sampling.mark()
         torch.rand(3, generator=generator)
-        last = sampling.mark()
+        moved = sampling.mark()
+        sampling.over(received, inside=None)
+        assert torch.equal(generator.get_state(), moved[0])
+        sampling.over(received, inside=None)
+        assert torch.equal(generator.get_state(), received[0])
+
+    def test_nothing_set_after_a_draw_of_another(self) -> None:
+        """A draw since the wrapper's last mark (another loader, a reseed): nothing is set."""
+        generator = torch.Generator().manual_seed(0)
+        sampling = SamplingGenerators((generator,))
+        sampling.opened()
+        received = sampling.mark()
         torch.rand(3, generator=generator)
-        now = generator.get_state()
-        sampling.over(first, inside=None)
-        assert torch.equal(generator.get_state(), now)
-        sampling.over(last, inside=None)
-        assert torch.equal(generator.get_state(), last[0])
+        sampling.mark()
+        torch.rand(1, generator=generator)  # not the wrapper's: no mark after it
+        drawn = generator.get_state()
+        sampling.over(received, inside=None)
+        assert torch.equal(generator.get_state(), drawn)
+
+
+class GatedData:
+    """``n`` samples; the ``block_at``-th read waits for ``gate`` (set ``blocked`` first)."""
+
+    def __init__(self, n: int, block_at: int) -> None:
+        self.n, self.block_at, self.calls = n, block_at, 0
+        self.gate, self.blocked = threading.Event(), threading.Event()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        self.calls += 1
+        if self.calls == self.block_at:
+            self.blocked.set()
+            assert self.gate.wait(LIVENESS_SECONDS)
+        return index
+
+    def loader(self, generator: torch.Generator) -> DataLoader[int]:
+        """These samples in batches of four, shuffled by ``generator``."""
+        return DataLoader(self, batch_size=4, shuffle=True, generator=generator)  # type: ignore[arg-type]
 
 
 class GatedSampler(RandomSampler):
-    """A ``RandomSampler`` that waits for ``gate`` before asking past its last index."""
+    """A ``RandomSampler`` that draws once more, then waits for ``gate``, past its last index."""
 
     def __init__(self, data: range) -> None:
         super().__init__(data)
@@ -354,6 +463,7 @@ class GatedSampler(RandomSampler):
         indices = super().__iter__()
         for _ in range(len(self)):
             yield next(indices)
+        torch.rand(1, generator=self.generator)  # a draw the loop's position is before
         self.blocked.set()
         assert self.gate.wait(LIVENESS_SECONDS)
         yield from indices  # draws the next permutation, then ends

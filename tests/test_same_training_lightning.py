@@ -117,3 +117,51 @@ class TestLimitTrainBatches:
         assert len({tuple(ids) for _, ids, _ in plain}) == EPOCHS  # each epoch its own order
         wrapped = fit(lambda: WRAPS[stack](short_last_batch()), tmp_path / "wrapped", limit=1)
         assert_same_steps(plain, wrapped, f"{stack} (limit_train_batches=1)")
+
+
+class SharedGenerator(Model):
+    """Trains on 40 samples in batches of 8 and validates on a loader built with the same generator.
+
+    The validation ``DataLoader`` is not shuffled, yet its every ``iter()`` draws
+    a seed from the generator, while the training epoch's iterator is still open.
+    """
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        super().__init__(make)
+        self.generator = torch.Generator().manual_seed(SEED)
+
+    def train_dataloader(self) -> Any:
+        data = TensorDataset(torch.arange(40.0).unsqueeze(1))
+        return self.make(DataLoader(data, batch_size=8, shuffle=True, generator=self.generator))
+
+    def val_dataloader(self) -> Any:
+        data = TensorDataset(torch.arange(6.0).unsqueeze(1))
+        return DataLoader(data, batch_size=3, generator=self.generator)
+
+    def validation_step(self, batch: Any, index: int) -> None:
+        (x,) = batch
+        self.steps.append((-1, x.flatten().tolist(), 0.0))
+
+
+class TestValidationSharesTheGenerator:
+    """The validation loader's draws from the shared generator stay: later epochs are plain's."""
+
+    @pytest.mark.parametrize("stack", sorted(set(WRAPS) - {"plain"}))
+    def test_every_epoch_as_plain(self, stack: str, tmp_path: Path) -> None:
+        def fit_shared(wrap: Callable[[Any], Any], root: Path) -> list[Any]:
+            torch.manual_seed(SEED)
+            model = SharedGenerator(wrap)
+            L.Trainer(
+                accelerator="cpu",
+                max_epochs=EPOCHS,
+                default_root_dir=str(root),
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+            ).fit(model)
+            return model.steps
+
+        plain = fit_shared(lambda loader: loader, tmp_path / "plain")
+        assert_same_steps(plain, fit_shared(WRAPS[stack], tmp_path / "wrapped"), stack)

@@ -16,10 +16,14 @@ set to the position of the last item the loop received
 
 Invariants:
 
+* **Only the wrapper's own draws are undone.** The generators are set back
+  only if they are where the wrapper's latest draw left them: a draw by
+  anything else since (another loader sharing the generator, your own
+  ``manual_seed``) is kept, and the read-ahead's draws then stay too.
 * **Never under a running draw.** An epoch whose thread is still inside the
-  source when it stops cannot be set back then: the position waits, and the
-  next epoch's start (:meth:`SamplingGenerators.settle`, before its
-  ``iter()``) waits that thread out and sets it.
+  source when it stops (past the grace a ``close()`` gives it) is not set
+  back: what the thread draws when the source returns would come after the
+  setting.
 * **The outermost epoch's position wins.** Nothing is set while another epoch
   over the same generators runs: in a stack the inner epoch stops first,
   while the outer one runs, and the outer one's position is set last. Two
@@ -129,9 +133,10 @@ class SamplingGenerators:
         >>> generator = torch.Generator().manual_seed(0)
         >>> sampling = SamplingGenerators((generator,))
         >>> sampling.opened()
-        >>> mark = sampling.mark()
-        >>> first = torch.randperm(4, generator=generator)
-        >>> sampling.over(mark, inside=None)  # the loop had received nothing past mark
+        >>> received = sampling.mark()  # the loop's last item was drawn here
+        >>> first = torch.randperm(4, generator=generator)  # the read-ahead's draw
+        >>> _ = sampling.mark()
+        >>> sampling.over(received, inside=None)
         >>> torch.equal(torch.randperm(4, generator=generator), first)
         True
     """
@@ -141,7 +146,7 @@ class SamplingGenerators:
         self._lock = threading.Lock()  # an epoch may be over on a thread that collects it
         self._running = 0  # epochs opened and not over
         self._inside: list[Joinable] = []  # stopped epochs whose threads may still draw
-        self._waiting: tuple[torch.Tensor, ...] | None = None  # to set once they left
+        self._last: tuple[torch.Tensor, ...] | None = None  # the states the latest mark read
 
     @classmethod
     def of(cls, loader: Any) -> SamplingGenerators | None:
@@ -150,8 +155,9 @@ class SamplingGenerators:
         return cls(generators) if generators else None
 
     def mark(self) -> tuple[torch.Tensor, ...]:
-        """The generators' states now."""
-        return tuple(generator.get_state() for generator in self._generators)
+        """The generators' states now (right after a draw of the wrapper's)."""
+        states = self._last = tuple(generator.get_state() for generator in self._generators)
+        return states
 
     def reader(self, below: Callable[[], Sampling] | None) -> Callable[[], Sampling]:
         """What reads the states after each item: ``below`` (a wrapper's epoch below), or now."""
@@ -162,34 +168,31 @@ class SamplingGenerators:
         with self._lock:
             self._running += 1
 
-    def over(self, sampling: tuple[torch.Tensor, ...] | None, inside: Joinable | None) -> None:
+    def over(self, sampling: Sampling, inside: Joinable | None) -> None:
         """An epoch is over; the last item its loop received was drawn at ``sampling``.
 
         ``inside`` is the epoch if its threads may still be in the source.
+        The generators are set to ``sampling`` only if nothing can draw
+        after the setting and nothing else drew since the wrapper's last draw.
         """
         with self._lock:
             self._running -= 1
             if inside is not None:
                 self._inside.append(inside)
-            if self._running or sampling is None:
+            self._inside = [
+                epoch for epoch in self._inside if not epoch.join(timeout=0.0, stuck_grace=0.0)
+            ]
+            if self._running or self._inside or sampling is None or not self._untouched():
                 return  # an outer epoch sets its own position when it is over
-            if self._inside:
-                self._waiting = sampling
-                return
             self._set(sampling)
 
-    def settle(self) -> None:
-        """Before an epoch's ``iter()``: wait out stopped threads, set the position they held."""
-        with self._lock:
-            inside, self._inside = self._inside, []
-            waiting, self._waiting = self._waiting, None
-        for epoch in inside:
-            while not epoch.join(timeout=0.1, stuck_grace=0.1):
-                pass  # a thread still drawing: what it draws must not follow the setting
-        if waiting is not None:
-            with self._lock:
-                if not self._running:
-                    self._set(waiting)
+    def _untouched(self) -> bool:
+        """Whether the generators are where the latest mark read them (no other draw since)."""
+        last = self._last
+        return last is not None and all(
+            torch.equal(generator.get_state(), state)
+            for generator, state in zip(self._generators, last, strict=True)
+        )
 
     def _set(self, sampling: tuple[torch.Tensor, ...]) -> None:
         for generator, state in zip(self._generators, sampling, strict=True):

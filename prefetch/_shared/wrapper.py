@@ -179,8 +179,6 @@ class LoaderWrapper:
             self._epochs.forget_dropped()
         self._started = max(self._started, serial)
         sampling = self._sampling
-        if sampling is not None:  # where the loop left the last epoch, before iter() draws
-            sampling.settle()
         try:
             source = iter(loader)
         except BaseException as error:  # Ctrl-C while torch started workers: see the module

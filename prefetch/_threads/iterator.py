@@ -250,11 +250,12 @@ class BackgroundIterator(EpochIterator[T]):
                 self._record.state = message.state  # the failed batch was drawn: resume after it
             error = message.error
         else:
+            if message.kind is Kind.END:  # before the epoch is over: where it leaves the source
+                self._record.state = message.state  # read after StopIteration: the next epoch's
             self._finish()
             if message.kind is Kind.STOPPED:  # close() from another thread while this one waited
                 return
             if message.kind is Kind.END:
-                self._record.state = message.state  # read after StopIteration: the next epoch's
                 raise StopIteration
             error = message.error
             self._source_error_id = id(error)
