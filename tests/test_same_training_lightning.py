@@ -64,11 +64,14 @@ class Model(L.LightningModule):  # type: ignore[misc,name-defined]
 
 
 def fit(
-    make: Callable[[], Any], root: Path, limit: int | None = None
+    make: Callable[..., Any], root: Path, limit: int | None = None, module: type[Any] | None = None
 ) -> list[tuple[int, list[float], float]]:
-    """Three epochs from torch's global seed (``limit`` batches each); what every step saw."""
+    """Three epochs from torch's global seed (``limit`` batches each); what every step saw.
+
+    ``module`` is the LightningModule class (default :class:`Model`), made with ``make``.
+    """
     torch.manual_seed(SEED)
-    model = Model(make)
+    model = (module or Model)(make)
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=EPOCHS,
@@ -148,20 +151,6 @@ class TestValidationSharesTheGenerator:
 
     @pytest.mark.parametrize("stack", sorted(set(WRAPS) - {"plain"}))
     def test_every_epoch_as_plain(self, stack: str, tmp_path: Path) -> None:
-        def fit_shared(wrap: Callable[[Any], Any], root: Path) -> list[Any]:
-            torch.manual_seed(SEED)
-            model = SharedGenerator(wrap)
-            L.Trainer(
-                accelerator="cpu",
-                max_epochs=EPOCHS,
-                default_root_dir=str(root),
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                num_sanity_val_steps=0,
-            ).fit(model)
-            return model.steps
-
-        plain = fit_shared(lambda loader: loader, tmp_path / "plain")
-        assert_same_steps(plain, fit_shared(WRAPS[stack], tmp_path / "wrapped"), stack)
+        plain = fit(lambda loader: loader, tmp_path / "plain", module=SharedGenerator)
+        wrapped = fit(WRAPS[stack], tmp_path / "wrapped", module=SharedGenerator)
+        assert_same_steps(plain, wrapped, stack)
