@@ -159,10 +159,6 @@ class SamplingGenerators:
         states = self._last = tuple(generator.get_state() for generator in self._generators)
         return states
 
-    def reader(self, below: Callable[[], Sampling] | None) -> Callable[[], Sampling]:
-        """What reads the states after each item: ``below`` (a wrapper's epoch below), or now."""
-        return below if below is not None else self.mark
-
     def opened(self) -> None:
         """An epoch that draws from the generators has started."""
         with self._lock:

@@ -33,7 +33,7 @@ every wrapper's ``__init__``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -189,9 +189,10 @@ class LoaderWrapper:
         # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
         # this state, not the finished previous one. Nothing runs ahead yet.
         last = self._epochs.last
-        # Over a wrapper below, where its epoch's loop (this one) got to, not its thread.
-        below = source._sampling_position if isinstance(source, EpochIterator) else None
-        read_sampling = sampling.reader(below) if sampling is not None else None
+        read_sampling: Callable[[], Any] | None = None
+        if sampling is not None:  # over a wrapper below: where its loop (this one) got to
+            below = isinstance(source, EpochIterator)
+            read_sampling = source._sampling_position if below else sampling.mark
         start = Position(self._start_state(), read_sampling() if read_sampling else None)
         record = EpochRecord(start, last.largest_item if last is not None else 0)
         record.stats.parallel_fetch_available = self._parallel_fetch_available
