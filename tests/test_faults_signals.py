@@ -11,11 +11,16 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from prefetch import BackgroundLoader
+
+from .liveness import engine_of, take
 from .processes import child_pids, live_child_pids, session_members, wait_until
 from .subprocesses import LineReader, kill_session, start_script
 
@@ -409,6 +414,52 @@ class TestInterpreterExit:
             {name: functools.partial(drive_exit, name) for name in sorted(EXIT_SCRIPTS)},
             at_once=2,
         )
+
+
+class TestInterruptInsideTheWait:
+    """Ctrl-C landing inside ``Condition.wait``, after it let the lock go, is still Ctrl-C."""
+
+    @pytest.mark.timeout(30)
+    def test_the_loop_sees_the_interrupt_and_the_lock_is_free(self) -> None:
+        """The wait's lock release, then the interrupt: KeyboardInterrupt reaches the loop,
+        the lock is free for the threads, and the epoch closes and leaves no thread."""
+        release = threading.Event()
+
+        def held_back() -> Iterator[int]:
+            yield 0
+            release.wait(10)
+            yield 1
+
+        iterator = iter(BackgroundLoader(held_back(), depth=2))
+        try:
+            assert take(iterator, 5.0) == 0
+            shared = engine_of(iterator).shared
+            data = shared.data
+            let_go = data._release_save
+
+            def let_go_then_interrupt() -> Any:
+                let_go()  # the lock is released: now the signal handler raises
+                raise KeyboardInterrupt
+
+            data._release_save = let_go_then_interrupt
+            with pytest.raises(KeyboardInterrupt):
+                next(iterator)
+            data._release_save = let_go
+            taken: list[bool] = []
+
+            def take_the_lock() -> None:
+                taken.append(shared.lock.acquire(timeout=5))
+                if taken[-1]:
+                    shared.lock.release()
+
+            taker = threading.Thread(target=take_the_lock)
+            taker.start()
+            taker.join(10)
+            assert taken == [True], "the interrupted wait kept the lock from the threads"
+            assert not data._waiters, "the interrupted wait left its waiter behind"
+        finally:
+            release.set()
+            iterator.close()
 
 
 class TestHelpers:

@@ -91,7 +91,7 @@ class ConsumerSide:
                         message = Message(Kind.RAISE_AND_END, timeout.error(), None)
                         return [Run([], end=message)]
                     wait = min(wait, shared.poll)
-                shared.data.wait(wait)
+                shared.wait_for_data(wait)
                 runs = shared.handover.take()
                 if runs:
                     return runs

@@ -151,6 +151,33 @@ class Shared:
         self.woken = True  # until one of them waits again
         self.space.notify_all()
 
+    def wait_for_data(self, seconds: float) -> None:
+        """Wait on ``data`` (holding the lock) up to ``seconds``; an interrupt leaves it held.
+
+        CPython's ``Condition.wait`` releases the lock and only then enters the
+        ``try`` whose ``finally`` takes it back: a signal handler's exception
+        (Ctrl-C's ``KeyboardInterrupt``) raised between the two leaves the lock
+        released, and the caller's ``with lock`` then fails with ``RuntimeError:
+        cannot release un-acquired lock`` in its place (seen on 3.13t; the code
+        is the same in 3.11 to 3.14). Here the lock is taken back and the waiter
+        that wait left behind is dropped, so the interrupt is what the loop sees.
+        """
+        try:
+            self.data.wait(seconds)
+        except BaseException:
+            self._hold_again()
+            raise
+
+    def _hold_again(self) -> None:
+        """Hold the lock once more if an interrupted wait left it released; drop stale waiters."""
+        data = self.data
+        while not data._is_owned():  # type: ignore[attr-defined]  # Condition's own check
+            try:
+                self.lock.acquire()
+            except BaseException:  # a second interrupt: the first one is the one raised
+                continue
+        data.notify_all()  # only the consumer waits here: what is left is the wait's own waiter
+
     def wake_consumer(self) -> None:
         """Wake the consumer waiting for a run (holding the lock); the tests' seam."""
         self.data.notify()
