@@ -79,7 +79,7 @@ from prefetch._threads.consumer_side import ConsumerSide
 from prefetch._threads.fetch_info import enter_fetch_thread, leave_fetch_thread
 from prefetch._threads.messages import Final, Kind, Run, Snapshot
 from prefetch._threads.producers import Producer
-from prefetch._threads.shared import Shared
+from prefetch._threads.shared import Shared, hidden_interrupt
 from prefetch._threads.tasks import ProducerSpec, Tasks, reads_units
 from prefetch._threads.thread_side import ThreadSide
 from prefetch._threads.tickets import Held
@@ -185,11 +185,14 @@ class Engine:
                 shared.started.append(thread)
             try:
                 thread.start()
-            except BaseException:  # e.g. Ctrl-C while Thread.start() waits
+            except BaseException as error:  # e.g. Ctrl-C while Thread.start() waits
                 if not thread.is_alive():
                     with shared.lock:
                         shared.staying -= 1
                     self._leave(None, held)
+                interrupt = hidden_interrupt(error)
+                if interrupt is not None:
+                    raise interrupt from None
                 raise
 
     def _work(self, held: Held) -> None:

@@ -183,6 +183,20 @@ class Shared:
         self.data.notify()
 
 
+def hidden_interrupt(error: BaseException) -> BaseException | None:
+    """The Ctrl-C that ``error`` replaced, if a stdlib ``Condition.wait`` lost it.
+
+    The window :meth:`Shared.wait_for_data` closes is in every
+    ``Condition.wait``: one that the stdlib calls on the loop's thread, such as
+    the ``Event.wait`` in ``Thread.start()``, raises ``RuntimeError: cannot
+    release un-acquired lock`` with the ``KeyboardInterrupt`` as its context.
+    """
+    context = error.__context__
+    if isinstance(error, RuntimeError) and isinstance(context, KeyboardInterrupt):
+        return context if "un-acquired lock" in str(error) else None
+    return None
+
+
 def _no_clock() -> float:
     return 0.0
 
