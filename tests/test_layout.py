@@ -40,6 +40,7 @@ NOT_TORCH = {
     "_replace": "namedtuple's public API",
     "_getframe": "sys.\\_getframe, CPython's",
     "_is_gil_enabled": "sys.\\_is_gil_enabled, CPython 3.13's",
+    "_is_owned": "threading.Condition's own ownership check, CPython's (Shared.wait_for_data)",
     "_shared_state": "accelerate's AcceleratorState, read to tell whether one exists",
 }
 """Private names of others than torch that modules outside _torch read, and whose they are."""
