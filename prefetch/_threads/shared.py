@@ -158,8 +158,8 @@ class Shared:
         ``try`` whose ``finally`` takes it back: a signal handler's exception
         (Ctrl-C's ``KeyboardInterrupt``) raised between the two leaves the lock
         released, and the caller's ``with lock`` then fails with ``RuntimeError:
-        cannot release un-acquired lock`` in its place (seen on 3.13t; the code
-        is the same in 3.11 to 3.14). Here the lock is taken back and the waiter
+        cannot release un-acquired lock`` in its place (seen on 3.13t; the same
+        code in 3.11.7, 3.12.1, 3.13.0 and 3.13.5t). Here the lock is taken back and the waiter
         that wait left behind is dropped, so the interrupt is what the loop sees.
         """
         try:
@@ -174,7 +174,7 @@ class Shared:
         while not data._is_owned():  # type: ignore[attr-defined]  # Condition's own check
             try:
                 self.lock.acquire()
-            except BaseException:  # a second interrupt: the first one is the one raised
+            except BaseException:  # a second Ctrl-C meanwhile asks the same: the first is raised
                 continue
         data.notify_all()  # only the consumer waits here: what is left is the wait's own waiter
 
