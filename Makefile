@@ -20,6 +20,9 @@ MUTATION_JOBS ?= 2
 MUTATION_FLOOR ?= 0
 # Mutant names or globs to check (empty: all), e.g. MUTANTS="prefetch._threads.tickets.*"
 MUTANTS ?=
+# Non-empty: keep mutants/ and go on with an interrupted run (mutmut re-checks only the
+# functions whose code changed since); empty: start afresh.
+MUTATION_RESUME ?=
 
 # The quick suite on the oldest torch the README claims and the newest on PyPI (test-torch-range).
 TORCH_RANGE ?= 2.6.0 2.15.0
@@ -70,7 +73,7 @@ stress: $(STAMP)  ## long soak / stress run
 
 mutation: $(STAMP)  ## mutation check of the thread engine and device iterator (slow; not in CI; MUTANTS=globs)
 	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mutation]"
-	rm -rf mutants
+	$(if $(MUTATION_RESUME),,rm -rf mutants)
 	$(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	$(PY) tools/mutation_report.py --min $(MUTATION_FLOOR)
 
