@@ -461,43 +461,6 @@ class TestInterruptInsideTheWait:
             release.set()
             iterator.close()
 
-    @pytest.mark.timeout(30)
-    @pytest.mark.parametrize("started", [True, False], ids=["thread-started", "not-started"])
-    def test_an_interrupt_in_thread_start_is_a_keyboard_interrupt(
-        self, monkeypatch: pytest.MonkeyPatch, started: bool
-    ) -> None:
-        """Ctrl-C inside ``Thread.start()``'s own ``Event.wait`` comes out as RuntimeError
-        (the stdlib loses it the same way): the loop sees the KeyboardInterrupt, no thread is
-        left, and the next epoch is whole."""
-        start = threading.Thread.start
-
-        def start_interrupted(thread: threading.Thread) -> None:
-            if not thread.name.startswith("prefetch-"):
-                start(thread)
-                return
-            if started:
-                start(thread)
-            try:
-                raise KeyboardInterrupt
-            except KeyboardInterrupt:
-                raise RuntimeError("cannot release un-acquired lock") from None
-
-        loader = BackgroundLoader(range(5), depth=2)
-        monkeypatch.setattr(threading.Thread, "start", start_interrupted)
-        with pytest.raises(KeyboardInterrupt) as raised:
-            next(iter(loader))
-        assert raised.value.__suppress_context__
-        monkeypatch.undo()
-        assert wait_until(lambda: not prefetch_threads_alive(), 5.0, collect=False), (
-            prefetch_threads_alive()
-        )
-        assert list(loader) == list(range(5))
-
-
-def prefetch_threads_alive() -> list[str]:
-    """The names of the live threads prefetch started."""
-    return [t.name for t in threading.enumerate() if t.name.startswith("prefetch-")]
-
 
 class TestHelpers:
     """The /proc helpers the leak checks rely on do see processes (no vacuous checks)."""

@@ -99,6 +99,65 @@ class TestInterruptedStart:
                 if engine is not None:
                     engine.stop()
 
+    @pytest.mark.timeout(30)
+    def test_start_interrupted_before_the_thread_runs(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """KeyboardInterrupt before Thread.start() started the thread: it propagates, and the
+        next epoch of the same loader is whole (the thread that never ran gave back its
+        place)."""
+        real_start = threading.Thread.start
+
+        def interrupted_start(thread: threading.Thread) -> None:
+            if thread.name.startswith("prefetch-"):
+                raise KeyboardInterrupt
+            real_start(thread)
+
+        loader = BackgroundLoader(range(5), depth=2)
+        monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+        iterator = iter(loader)
+        with pytest.raises(KeyboardInterrupt):
+            next(iterator)
+        monkeypatch.undo()
+        shared = iterator._engine.shared  # the interrupted epoch's: no thread counted in it
+        assert (shared.running, shared.staying, shared.tickets.in_flight) == (0, 0, 0)
+        assert list(loader) == list(range(5))
+        assert wait_until(lambda: not prefetch_threads(), 3.0), prefetch_threads()
+
+    @pytest.mark.timeout(30)
+    def test_an_interrupt_the_stdlib_loses_in_event_wait(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Ctrl-C inside Thread.start()'s ``Event.wait``, in the instant after
+        ``Condition.wait`` let the lock go: the stdlib raises ``RuntimeError: release
+        unlocked lock`` in its place. The loop sees the KeyboardInterrupt, the started
+        thread stops, and the next epoch is whole."""
+        real_start, real_wait = threading.Thread.start, threading.Event.wait
+        starting = threading.local()
+
+        def watched_start(thread: threading.Thread) -> None:
+            starting.prefetch = thread.name.startswith("prefetch-")
+            try:
+                real_start(thread)
+            finally:
+                starting.prefetch = False
+
+        def interrupted_wait(event: threading.Event, timeout: float | None = None) -> bool:
+            if not getattr(starting, "prefetch", False):
+                return real_wait(event, timeout)
+            with event._cond:  # type: ignore[attr-defined]  # as Event.wait does
+                event._cond._lock.release()  # type: ignore[attr-defined]  # Condition.wait's
+                raise KeyboardInterrupt  # the signal handler's, before Condition.wait's try
+
+        loader = BackgroundLoader(range(5), depth=2)
+        monkeypatch.setattr(threading.Thread, "start", watched_start)
+        monkeypatch.setattr(threading.Event, "wait", interrupted_wait)
+        with pytest.raises(KeyboardInterrupt):
+            next(iter(loader))
+        monkeypatch.undo()
+        assert wait_until(lambda: not prefetch_threads(), 3.0), prefetch_threads()
+        assert list(loader) == list(range(5))
+
 
 class TestInterruptWhileRefilling:
     """Ctrl-C while CudaPrefetcher waits for its source: neither postponed nor lost."""

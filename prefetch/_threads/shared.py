@@ -188,13 +188,19 @@ def hidden_interrupt(error: BaseException) -> BaseException | None:
 
     The window :meth:`Shared.wait_for_data` closes is in every
     ``Condition.wait``: one that the stdlib calls on the loop's thread, such as
-    the ``Event.wait`` in ``Thread.start()``, raises ``RuntimeError: cannot
-    release un-acquired lock`` with the ``KeyboardInterrupt`` as its context.
+    the ``Event.wait`` in ``Thread.start()``, raises ``RuntimeError: release
+    unlocked lock`` (over a ``Lock``, as an ``Event``'s; ``cannot release
+    un-acquired lock`` over an ``RLock``) with the ``KeyboardInterrupt`` as its
+    context.
     """
     context = error.__context__
     if isinstance(error, RuntimeError) and isinstance(context, KeyboardInterrupt):
-        return context if "un-acquired lock" in str(error) else None
+        return context if str(error) in _RELEASE_ERRORS else None
     return None
+
+
+_RELEASE_ERRORS = ("release unlocked lock", "cannot release un-acquired lock")
+"""What ``Lock.release()`` and ``RLock.release()`` raise unheld (3.11.7 to 3.13.5t)."""
 
 
 def _no_clock() -> float:
