@@ -7,11 +7,16 @@ never a speed claim.
 from __future__ import annotations
 
 import _thread
+import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
@@ -157,6 +162,71 @@ class TestInterruptedStart:
         monkeypatch.undo()
         assert wait_until(lambda: not prefetch_threads(), 3.0), prefetch_threads()
         assert list(loader) == list(range(5))
+
+
+class Counted(Dataset[torch.Tensor]):
+    """Samples that take ``seconds`` each to read, counting the reads."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.reads += 1
+        time.sleep(self.seconds)  # the storage's latency, not a synchronisation
+        return torch.zeros(4)
+
+
+def in_the_wait(ident: int) -> bool:
+    """Whether thread ``ident`` waits in the engine for an item (its stack holds the wait)."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_name == "wait_for_data":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class TestInterruptKept:
+    """Ctrl-C while the loop waits in next(), the error kept: the epoch's threads stop."""
+
+    @pytest.mark.timeout(30)
+    @pytest.mark.parametrize("stack", ["background", "fetch_threads", "cuda_prefetcher"])
+    def test_a_kept_interrupt_keeps_no_thread_reading(self, stack: str) -> None:
+        """A SIGINT lands while ``for batch in loader`` waits; while the except block holds
+        the KeyboardInterrupt, nothing holds the iterator: its threads stop and reading ends
+        (the guide's promise for an error that leaves the loop)."""
+        data = Counted(0.02)
+        loader: Any = BackgroundLoader(
+            DataLoader(data, batch_size=8), fetch_threads=2 if stack == "fetch_threads" else None
+        )
+        if stack == "cuda_prefetcher":
+            loader = CudaPrefetcher(loader, device="cpu")
+        main = threading.main_thread().ident
+        assert main == threading.get_ident()
+
+        def interrupt_in_the_wait() -> None:
+            if wait_until(lambda: in_the_wait(main), 10.0, interval=0.005, collect=False):
+                signal.pthread_kill(main, signal.SIGINT)
+
+        interrupter = threading.Thread(target=interrupt_in_the_wait)
+        kept: BaseException | None = None
+        interrupter.start()
+        try:
+            for _batch in loader:
+                pass
+        except KeyboardInterrupt as error:
+            kept = error  # held, as an except block that logs or saves a checkpoint holds it
+        interrupter.join(10)
+        assert isinstance(kept, KeyboardInterrupt)
+        stopped = wait_until(lambda: not prefetch_threads(), 3.0, collect=False)
+        assert stopped, f"threads still reading while the error is kept: {prefetch_threads()}"
+        reads = data.reads
+        assert wait_until(lambda: data.reads > reads, 0.2, collect=False) is False
+        del kept
 
 
 class TestInterruptWhileRefilling:

@@ -27,8 +27,10 @@ Invariants:
   after it. A final error (``RAISE_AND_END``: a ``BaseException``, or the error of a
   DataLoader that lost a worker process) or the end stops the engine first.
 * The frame that re-raises an error does not hold the iterator (``self`` is
-  deleted before the error leaves), so an error kept alive by its caller
-  does not keep the iterator, its threads or its source's workers alive.
+  deleted before the error leaves), nor does any frame between ``next()``
+  and the wait for a run, where Ctrl-C lands, so an error kept alive by its
+  caller does not keep the iterator, its threads or its source's workers
+  alive.
 """
 
 from __future__ import annotations
@@ -232,13 +234,16 @@ class BackgroundIterator(EpochIterator[T]):
         self._items_at_exchange = self._record.stats.items
         assert self._engine is not None  # started: _next_slow starts the epoch first
         engine = self._engine
-        runs, waited = engine.consumer.exchange(returned, nbytes, wait=wait)
-        if engine.told():  # the reads the thread policy asked to hear of are done
-            self._reports.reads_done(engine)
-        self._queued.extend(runs)
-        if waited:
-            self._reports.waited(waited)
-            self._record.stats.record_wait(waited)
+        try:
+            runs, waited = engine.consumer.exchange(returned, nbytes, wait=wait)
+            if engine.told():  # the reads the thread policy asked to hear of are done
+                self._reports.reads_done(engine)
+            self._queued.extend(runs)
+            if waited:
+                self._reports.waited(waited)
+                self._record.stats.record_wait(waited)
+        finally:
+            del self  # Ctrl-C in the wait: its traceback keeps this frame, not the iterator
 
     def _take_end(self) -> None:
         """Act on the message after the current run: raise its error, or end the epoch."""
