@@ -13,7 +13,7 @@ import pytest
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from prefetch import BackgroundLoader
+from prefetch import BackgroundLoader, CudaPrefetcher
 
 
 def refusal(**keywords: object) -> str:
@@ -105,3 +105,40 @@ class TestOtherKeywords:
         parameters = inspect.signature(BackgroundLoader).parameters
         assert "fetch_threads" in parameters
         assert all(p.kind is not p.VAR_KEYWORD for p in parameters.values())
+
+
+class TestCudaPrefetcherKeywords:
+    """CudaPrefetcher explains the same way, and points BackgroundLoader's keywords to it."""
+
+    @staticmethod
+    def refusal(**keywords: object) -> str:
+        """The message of the TypeError that CudaPrefetcher(range(4), **keywords) raises."""
+        with pytest.raises(TypeError) as error:
+            CudaPrefetcher(range(4), device="cpu", **keywords)  # type: ignore[call-arg]
+        return str(error.value)
+
+    @pytest.mark.parametrize("name", ["fetch_threads", "max_bytes", "num_threads", "timeout"])
+    def test_a_background_loader_keyword_says_to_stack_one(self, name: str) -> None:
+        """fetch_threads=4 and the like: BackgroundLoader's, stacked under it."""
+        assert self.refusal(**{name: 4}) == (
+            f"CudaPrefetcher() got an unexpected keyword argument {name!r}: {name} is "
+            f"BackgroundLoader's: stack them, CudaPrefetcher(BackgroundLoader(loader, {name}=4))"
+        )
+
+    def test_num_workers_names_the_dataloader_and_threads_through_a_stack(self) -> None:
+        """num_workers=2: pass it to the DataLoader, or read in threads under a BackgroundLoader."""
+        message = self.refusal(num_workers=2)
+        assert "pass it to the DataLoader you wrap, CudaPrefetcher(DataLoader(..., " in message
+        assert "CudaPrefetcher(BackgroundLoader(DataLoader(...), fetch_threads=2))" in message
+
+    def test_typo_and_dataloader_keyword(self) -> None:
+        """A typo names CudaPrefetcher's own close match; batch_size goes to the DataLoader."""
+        assert self.refusal(detph=2).endswith("did you mean 'depth'?")
+        assert "CudaPrefetcher(DataLoader(..., batch_size=8))" in self.refusal(batch_size=8)
+
+    def test_declared_keywords_and_signature_are_unchanged(self) -> None:
+        """Every declared keyword still works, and the signature shows no **kwargs."""
+        loader = CudaPrefetcher(range(4), "cpu", depth=2, transform=None, lifetime="fence")
+        assert list(loader) == [0, 1, 2, 3]
+        parameters = inspect.signature(CudaPrefetcher).parameters
+        assert list(parameters) == ["loader", "device", "depth", "transform", "lifetime"]

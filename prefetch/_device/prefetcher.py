@@ -22,6 +22,7 @@ from prefetch._shared.arguments import check_depth, check_iterable
 from prefetch._shared.checkpointing import adopt_state
 from prefetch._shared.epoch import Opener
 from prefetch._shared.wrapper import LoaderWrapper, short_repr
+from prefetch._threads.keywords import Below, explain_keywords, keywords_of
 from prefetch._threads.loader import BackgroundLoader
 
 T = TypeVar("T")
@@ -82,6 +83,7 @@ class CudaPrefetcher(LoaderWrapper, Generic[T]):
 
     _runs_on_consumer_thread: ClassVar[bool] = True  # BackgroundLoader refuses to wrap it
 
+    @explain_keywords("CudaPrefetcher", Below("BackgroundLoader", keywords_of(BackgroundLoader)))
     def __init__(
         self,
         loader: Iterable[T],
