@@ -248,6 +248,9 @@ class LoaderWrapper:
     def close(self) -> None:
         """Stop every open epoch and release its source; a wrapped wrapper is closed too.
 
+        An epoch is open from its first ``next()``: an iterator made by
+        ``iter()`` and not advanced yet is not stopped, and its first
+        ``next()`` starts a whole epoch (close that iterator itself to end it).
         Returns promptly even if a thread is stuck inside the source; the
         wrapper stays usable, and the next ``iter()`` starts a fresh epoch.
         """
