@@ -124,6 +124,17 @@ class TestIterStartsNothing:
             next(iterator)
         assert int(data.reads) == 0 and prefetch_threads() == []
 
+    @pytest.mark.parametrize("stack", ["background", "cuda_over_background", "cuda"])
+    def test_the_loader_s_close_leaves_an_idle_iterator_whole(self, stack: str) -> None:
+        """The loader's close() stops open epochs only: an idle one then reads a whole epoch."""
+        data = Counted()
+        loader = STACKS[stack](data)
+        iterator = iter(loader)
+        loader.close()
+        assert int(data.reads) == 0
+        got = sorted(float(value) for batch in iterator for value in batch.flatten())
+        assert got == [float(index) for index in range(16)]
+
 
 class TestStart:
     """iterator.start() starts the epoch before the first next(), once, on the caller's thread."""
