@@ -1,4 +1,4 @@
-"""Keywords ``BackgroundLoader`` does not take: what to do instead, or what was meant.
+"""Keywords a wrapper does not take: what to do instead, or what was meant.
 
 ``BackgroundLoader(dataset, num_workers=2)`` is a natural first try, and
 Python's own error ("unexpected keyword argument") says nothing about where
