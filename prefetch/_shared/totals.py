@@ -68,7 +68,7 @@ class TotalStats:
         >>> totals.epochs, totals.items, totals.peak_depth
         (3, 12, 2)
         >>> print(totals.summary())  # doctest: +ELLIPSIS
-        3 epochs: waited ...% of the time for data (... s of ... s, 12 items); peak depth 2...
+        3 epochs: waited ...% of the time for data (... s of ... s, 12 items)...; peak depth 2...
     """
 
     epochs: int = 0
