@@ -159,8 +159,9 @@ class Shared:
         (Ctrl-C's ``KeyboardInterrupt``) raised between the two leaves the lock
         released, and the caller's ``with lock`` then fails with ``RuntimeError:
         cannot release un-acquired lock`` in its place (seen on 3.13t; the same
-        code in 3.11.7, 3.12.1, 3.13.0 and 3.13.5t). Here the lock is taken back and the waiter
-        that wait left behind is dropped, so the interrupt is what the loop sees.
+        code in 3.11.7, 3.12.1, 3.13.0 and 3.13.5t). Here the lock is taken
+        back and the waiter that wait left behind is dropped, so the interrupt
+        is what the loop sees.
         """
         try:
             self.data.wait(seconds)
