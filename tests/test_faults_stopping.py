@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, Dataset
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 
 from . import fake_device
 from .processes import prefetch_threads, wait_until
-from .sources import SlowDataset
 
 
 class TestStopping:
@@ -164,6 +164,22 @@ class TestInterruptedStart:
         assert list(loader) == list(range(5))
 
 
+class Counted(Dataset[torch.Tensor]):
+    """Samples that take ``seconds`` each to read, counting the reads."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.reads += 1
+        time.sleep(self.seconds)  # the storage's latency, not a synchronisation
+        return torch.zeros(4)
+
+
 def in_the_wait(ident: int) -> bool:
     """Whether thread ``ident`` waits in the engine for an item (its stack holds the wait)."""
     frame = sys._current_frames().get(ident)
@@ -183,7 +199,7 @@ class TestInterruptKept:
         """A SIGINT lands while ``for batch in loader`` waits; while the except block holds
         the KeyboardInterrupt, nothing holds the iterator: its threads stop and reading ends
         (the guide's promise for an error that leaves the loop)."""
-        data = SlowDataset(10_000, delay=0.02)  # the storage's latency
+        data = Counted(0.02)
         loader: Any = BackgroundLoader(
             DataLoader(data, batch_size=8), fetch_threads=2 if stack == "fetch_threads" else None
         )
