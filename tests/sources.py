@@ -137,16 +137,21 @@ class Tracked:
 
 
 class SlowDataset(Dataset[torch.Tensor]):
-    """A map-style dataset whose items take ``delay`` seconds; negative indices raise."""
+    """A map-style dataset whose items take ``delay`` seconds; negative indices raise.
+
+    ``reads`` counts the reads begun (a hint across threads: it only grows).
+    """
 
     def __init__(self, size: int, delay: float = 0.0) -> None:
         self.size = size
         self.delay = delay
+        self.reads = 0
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> torch.Tensor:
+        self.reads += 1
         if index < 0:
             raise ValueError(f"poisoned index {index}")
         if self.delay:

@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import _thread
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch._threads.shared import Shared
 
 from . import fake_device
 from .processes import prefetch_threads, wait_until
+from .sources import SlowDataset
 
 
 class TestStopping:
@@ -164,42 +164,30 @@ class TestInterruptedStart:
         assert list(loader) == list(range(5))
 
 
-class Counted(Dataset[torch.Tensor]):
-    """Samples that take ``seconds`` each to read, counting the reads."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.reads = 0
-
-    def __len__(self) -> int:
-        return 10_000
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        self.reads += 1
-        time.sleep(self.seconds)  # the storage's latency, not a synchronisation
-        return torch.zeros(4)
-
-
-def in_the_wait(ident: int) -> bool:
-    """Whether thread ``ident`` waits in the engine for an item (its stack holds the wait)."""
-    frame = sys._current_frames().get(ident)
-    while frame is not None:
-        if frame.f_code.co_name == "wait_for_data":
-            return True
-        frame = frame.f_back
-    return False
-
-
 class TestInterruptKept:
     """Ctrl-C while the loop waits in next(), the error kept: the epoch's threads stop."""
 
     @pytest.mark.timeout(30)
     @pytest.mark.parametrize("stack", ["background", "fetch_threads", "cuda_prefetcher"])
-    def test_a_kept_interrupt_keeps_no_thread_reading(self, stack: str) -> None:
+    def test_a_kept_interrupt_keeps_no_thread_reading(
+        self, stack: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """A SIGINT lands while ``for batch in loader`` waits; while the except block holds
         the KeyboardInterrupt, nothing holds the iterator: its threads stop and reading ends
-        (the guide's promise for an error that leaves the loop)."""
-        data = Counted(0.02)
+        (the guide's promise for an error that leaves the loop).
+
+        An event says the loop waits (a spy on the engine's one wait for data): walking
+        the main thread's frames from another thread while it runs crashed 3.13t.
+        """
+        waiting = threading.Event()
+        wait_for_data = Shared.wait_for_data
+
+        def spy(shared: Shared, seconds: float) -> None:
+            waiting.set()
+            wait_for_data(shared, seconds)
+
+        monkeypatch.setattr(Shared, "wait_for_data", spy)
+        data = SlowDataset(10_000, delay=0.02)  # the storage's latency
         loader: Any = BackgroundLoader(
             DataLoader(data, batch_size=8), fetch_threads=2 if stack == "fetch_threads" else None
         )
@@ -209,7 +197,7 @@ class TestInterruptKept:
         assert main == threading.get_ident()
 
         def interrupt_in_the_wait() -> None:
-            if wait_until(lambda: in_the_wait(main), 10.0, interval=0.005, collect=False):
+            if waiting.wait(10.0):  # the loop is in the wait, or about to enter it
                 signal.pthread_kill(main, signal.SIGINT)
 
         interrupter = threading.Thread(target=interrupt_in_the_wait)
