@@ -19,6 +19,7 @@ import pytest
 
 from prefetch._threads.engine import Engine
 
+from .gil import gil_enabled
 from .processes import wait_until
 
 LIVENESS_SECONDS = 2.0
@@ -40,7 +41,13 @@ def set_after(
 
 
 def producer_frame(thread: threading.Thread) -> str:
-    """Return where ``thread`` is now, as the innermost ``prefetch`` function it is in."""
+    """Return where ``thread`` is now, as the innermost ``prefetch`` function it is in.
+
+    Not with the GIL off: walking a running thread's frames from another thread
+    crashed 3.13t, and a diagnostic must not turn a failure into a crash.
+    """
+    if not gil_enabled():
+        return "(not read: the GIL is off)"
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
         if f"{os.sep}prefetch{os.sep}" in frame.f_code.co_filename:
@@ -112,7 +119,6 @@ def describe(engine: Engine) -> str:
     in_flight, limit = figures.in_flight, figures.depth + figures.threads - 1
     free = max(limit - in_flight, 0)
     waiting = figures.waiting_threads
-    where = ", ".join(producer_frame(thread) for thread in engine.threads) or "no thread"
     if waiting:
         text = (
             f"{waiting} of {len(engine.threads)} thread(s) still blocked on a full buffer with "
@@ -125,6 +131,7 @@ def describe(engine: Engine) -> str:
             )
         return text + ")"
     ready = figures.ready
+    where = ", ".join(producer_frame(thread) for thread in engine.threads) or "no thread"
     return f"threads in {where}, {ready} messages ready ({in_flight} of {limit} slots taken)"
 
 

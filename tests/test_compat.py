@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gc
-import queue
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,24 +36,13 @@ def waits_in_put(original: Any) -> bool:
     """Whether the original's thread waits inside ``Queue.put`` of its full queue.
 
     Its queue cannot empty while the test takes nothing, so it waits there for good.
-    Waits: in the ``Condition.wait`` that ``put`` calls, not only inside ``put``. A
-    thread that has just put an item is inside ``put`` with its queue full too, before
-    it draws the next item; without the GIL (3.13t) the check can run at that moment.
+    Read from the queue's own state under its mutex: a waiter on ``not_full`` (only
+    ``put`` waits there) while the queue is full. Not from the thread's frames: walking
+    a running thread's frames from another thread crashed 3.13t.
     """
-    frame = sys._current_frames().get(original.ident or -1)
-    while frame is not None:
-        if frame.f_code.co_name == "put" and frame.f_code.co_filename == queue.__file__:
-            return False  # in put, not in the wait it calls
-        if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
-            caller = frame.f_back
-            return (
-                caller is not None
-                and caller.f_code.co_name == "put"
-                and caller.f_code.co_filename == queue.__file__
-                and bool(original.queue.full())
-            )
-        frame = frame.f_back
-    return False
+    waiting = original.queue
+    with waiting.mutex:
+        return bool(waiting.not_full._waiters) and waiting._qsize() >= waiting.maxsize
 
 
 def went_ahead(generator: Any) -> bool:

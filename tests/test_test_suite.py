@@ -9,8 +9,9 @@ constant, a non-empty tuple (``assert (x, "message")``), an ``or`` with a
 truthy constant, a value compared with itself, or a length compared with 0
 (``len(x) >= 0``), or one an earlier check already decided (``caught.value
 is not None`` after ``pytest.raises``). The controls plant each kind and check
-it is found. Last, ``[tool.mutmut]`` (``make mutation``) must name files that
-exist and load ``tests/mutation_harness.py``.
+it is found. ``[tool.mutmut]`` (``make mutation``) must name files that
+exist and load ``tests/mutation_harness.py``. Last, no helper reads another
+thread's frames without checking that the GIL is on (3.13t crashed doing it).
 """
 
 from __future__ import annotations
@@ -428,3 +429,49 @@ class TestMutationConfig:
             arguments[i : i + 2] for i in range(len(arguments) - 1)
         ]
         assert (TESTS / "mutation_harness.py").is_file()
+
+
+def unguarded_frame_reads(tree: ast.Module) -> list[str]:
+    """Functions that call ``sys._current_frames()`` without asking ``gil_enabled()`` first."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names = {
+                name.attr if isinstance(name, ast.Attribute) else name.id
+                for name in ast.walk(node)
+                if isinstance(name, ast.Attribute | ast.Name)
+            }
+            if "_current_frames" in names and "gil_enabled" not in names:
+                found.append(node.name)
+    return found
+
+
+class TestNoFrameReadsWithoutTheGil:
+    """No helper reads another thread's frames unless the GIL is on.
+
+    Walking a running thread's frames (``sys._current_frames()``, ``f_back``) from
+    another thread crashed 3.13t with the GIL off (SIGSEGV, once in about 190 runs of
+    ``TestInterruptKept``): a test waits for an event a spy sets, or reads the lock or
+    queue the other thread waits on (docs/development.rst, "The test suite").
+    """
+
+    @pytest.mark.parametrize("path", HELPER_FILES, ids=lambda path: str(path.relative_to(TESTS)))
+    def test_frames_are_read_only_with_the_gil(self, path: Path) -> None:
+        """A function that reads other threads' frames checks ``gil_enabled()``."""
+        found = unguarded_frame_reads(parse(path))
+        assert found == [], f"{path.name}: frames read without the GIL check: {found}"
+
+    def test_a_planted_read_is_found(self) -> None:
+        """The check finds an unguarded read, and passes a guarded one."""
+        planted = textwrap.dedent(
+            """
+            import sys
+            def where(thread):
+                return sys._current_frames().get(thread.ident)
+            def guarded(thread):
+                if not gil_enabled():
+                    return None
+                return sys._current_frames().get(thread.ident)
+            """
+        )
+        assert unguarded_frame_reads(ast.parse(planted)) == ["where"]

@@ -10,12 +10,12 @@ that one fails its test instead of ending the session.
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -31,26 +31,24 @@ from .liveness import wait_for
 from .subprocesses import ROOT, subprocess_env
 
 GIL_OFF = FREE_THREADED and not gil_enabled()
-GUARD_LINE = next(
-    number
-    for number, line in enumerate(
-        inspect.getsourcelines(torch_guard._guarded)[0],
-        torch_guard._guarded.__code__.co_firstlineno,
-    )
-    if line.strip() == "with _LOCK:"
-)
-"""The line of the guard's wrappers where a call waits for the lock."""
 
 
-def waits_for_the_guard(thread: threading.Thread) -> bool:
-    """Whether ``thread`` waits to take the guard's lock, in a wrapper's ``with`` line."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_filename == torch_guard.__file__ and code.co_name == "call_locked":
-            return frame.f_lineno == GUARD_LINE
-        frame = frame.f_back
-    return False
+class ReachedLock:
+    """The guard's lock, setting ``reached`` when a call comes to take it (a spy).
+
+    An event, not the calling thread's frames: walking a running thread's frames from
+    another thread crashed 3.13t.
+    """
+
+    def __init__(self, lock: Any, reached: threading.Event) -> None:
+        self.lock, self.reached = lock, reached
+
+    def __enter__(self) -> Any:
+        self.reached.set()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc_info: object) -> Any:
+        return self.lock.__exit__(*exc_info)
 
 
 needs_gil_off = pytest.mark.skipif(not GIL_OFF, reason="needs the GIL off (make test-ft)")
@@ -143,20 +141,22 @@ class TestGilOff:
         with pytest.raises(TypeError, match="expects a tuple"):
             signal_handling._set_worker_pids(key, 5)
 
-    def test_a_call_waits_for_the_lock(self) -> None:
+    def test_a_call_waits_for_the_lock(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A call from one thread waits while another thread holds the lock."""
         guard_worker_pids()
-        done = threading.Event()
+        done, reached = threading.Event(), threading.Event()
+        lock = torch_guard._LOCK
+        monkeypatch.setattr(torch_guard, "_LOCK", ReachedLock(lock, reached))
 
         def check() -> None:
             signal_handling._error_if_any_worker_fails()
             done.set()
 
-        with torch_guard._LOCK:
+        with lock:
             thread = threading.Thread(target=check, name="test-guarded-call")
             thread.start()
             wait_for(
-                lambda: waits_for_the_guard(thread) or done.is_set(),
+                lambda: reached.is_set() or done.is_set(),
                 "the call to reach the guard's lock",
                 collect=False,
             )
