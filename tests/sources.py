@@ -172,3 +172,28 @@ def drain(iterator: Iterator[Any]) -> tuple[list[Any], BaseException | None]:
         del iterator
         return items, error
     return items, None
+
+
+class OneShot:
+    """A one-shot iterator: ``size`` items, a ``ValueError``, then its end, which it counts.
+
+    Items are ints, or with ``tensors`` 1-element tensors (what a device copies).
+    """
+
+    def __init__(self, size: int, *, tensors: bool = False) -> None:
+        self.size, self.drawn, self.ends = size, 0, 0
+        self.raised = False
+        self.tensors = tensors
+
+    def __iter__(self) -> OneShot:
+        return self
+
+    def __next__(self) -> Any:
+        if self.drawn < self.size:
+            self.drawn += 1
+            return torch.tensor([self.drawn - 1]) if self.tensors else self.drawn - 1
+        if not self.raised:
+            self.raised = True
+            raise ValueError("bad")
+        self.ends += 1  # asked past its end: a stream would block here, or start over
+        raise StopIteration

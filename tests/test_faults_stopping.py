@@ -17,7 +17,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
-from prefetch._threads.shared import Shared
+from prefetch._threads.shared import Shared, hidden_interrupt
 
 from . import fake_device
 from .processes import prefetch_threads, wait_until
@@ -75,6 +75,43 @@ class TestStopping:
                 loader.close()
         assert seen == list(range(10))
         assert wait_until(lambda: not prefetch_threads(), 3.0)
+
+
+class TestHiddenInterrupt:
+    """``hidden_interrupt``: the Ctrl-C behind the stdlib's release error, and nothing else."""
+
+    @staticmethod
+    def raised(error: BaseException, context: BaseException | None) -> BaseException:
+        """``error`` as raised while handling ``context`` (its ``__context__``)."""
+        try:
+            try:
+                if context is not None:
+                    raise context
+            finally:
+                raise error
+        except BaseException as caught:
+            return caught
+
+    @pytest.mark.parametrize(
+        "message", ["release unlocked lock", "cannot release un-acquired lock"]
+    )
+    def test_the_interrupt_behind_a_release_error(self, message: str) -> None:
+        """Either lock's message, over a KeyboardInterrupt: that interrupt."""
+        interrupt = KeyboardInterrupt()
+        assert hidden_interrupt(self.raised(RuntimeError(message), interrupt)) is interrupt
+
+    @pytest.mark.parametrize(
+        ("error", "context"),
+        [
+            (RuntimeError("something else"), KeyboardInterrupt()),
+            (ValueError("release unlocked lock"), KeyboardInterrupt()),
+            (RuntimeError("release unlocked lock"), ValueError()),
+            (RuntimeError("release unlocked lock"), None),
+        ],
+    )
+    def test_nothing_else(self, error: BaseException, context: BaseException | None) -> None:
+        """Another message, another error type or another context: none."""
+        assert hidden_interrupt(self.raised(error, context)) is None
 
 
 class TestInterruptedStart:

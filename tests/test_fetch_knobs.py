@@ -25,6 +25,7 @@ import prefetch
 from prefetch import BackgroundLoader, FetchInfo, fetch_info, sample_seed
 from prefetch._threads.fetch_info import (
     _mix,
+    call_thread_init,
     enter_fetch_thread,
     enter_sample,
     leave_fetch_thread,
@@ -217,6 +218,14 @@ class TestIndexReuse:
 class TestThreadInitFn:
     """thread_init_fn(index) runs once per fetch thread, first; its error reaches the loop."""
 
+    def test_only_a_fetch_thread_calls_it(self) -> None:
+        """The hook's caller, outside a thread that reads samples, says where it runs."""
+        called: list[int] = []
+        message = r"^thread_init_fn runs only in parallel-fetch threads$"
+        with pytest.raises(AssertionError, match=message):
+            call_thread_init(called.append)
+        assert called == []
+
     def test_called_once_per_thread_before_it_reads(self) -> None:
         """Three threads, two epochs: three calls each epoch, each before its thread's reads."""
         events: list[Any] = []
@@ -335,6 +344,7 @@ class TestSampleSeed:
         seeds = self.seeds(1234, places)
         assert len(set(seeds)) == len(places)
         assert all(seed is not None and 0 <= seed < 1 << 63 for seed in seeds)
+        assert max(seed or 0 for seed in seeds) >= 1 << 62  # every one of the 63 bits is used
 
     def test_another_base_seed_gives_other_seeds(self) -> None:
         """Two epochs seeded apart share no sample seed at the same places."""

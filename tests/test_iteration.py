@@ -20,6 +20,7 @@ from prefetch import BackgroundLoader, CudaPrefetcher
 
 from .liveness import engine_of, wait_went_ahead
 from .processes import prefetch_threads, wait_until
+from .sources import OneShot
 
 STACKS: dict[str, Callable[[Any], Any]] = {
     "background": lambda loader: BackgroundLoader(loader, depth=2),
@@ -414,27 +415,6 @@ class TestOneShotSources:
         with pytest.raises(ValueError, match="bad"):
             next(rest)
         assert list(rest) == []
-
-
-class OneShot:
-    """A one-shot iterator: ``size`` items, a ``ValueError``, then its end, which it counts."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.drawn, self.ends = size, 0, 0
-        self.raised = False
-
-    def __iter__(self) -> OneShot:
-        return self
-
-    def __next__(self) -> int:
-        if self.drawn < self.size:
-            self.drawn += 1
-            return self.drawn - 1
-        if not self.raised:
-            self.raised = True
-            raise ValueError("bad")
-        self.ends += 1  # asked past its end: a stream would block here, or start over
-        raise StopIteration
 
 
 class TestReadAheadCarried:

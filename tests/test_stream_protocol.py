@@ -7,19 +7,21 @@ to show the check would catch that bug.
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 
-from prefetch import CudaPrefetcher
+from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._device.copier import StreamCopier
 
 from . import fake_device
 from .fake_device import FakeOps, Packed
+from .sources import OneShot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -348,3 +350,129 @@ class TestOpaqueInputsKeptAlive:
         assert float(first["p"].fake_tensors()[0][0]) == 0.0
         assert [ref() is not None for ref in inputs] == [False, True, True]
         iterator.close()
+
+
+class TestOneShotReadAhead:
+    """Over a one-shot source, the batches copied ahead are the next epoch's, in order."""
+
+    @pytest.mark.parametrize("how", ["break", "close"])
+    @pytest.mark.parametrize("taken", [1, 3, 5])
+    def test_the_rest_the_error_and_the_end_carry_over(
+        self, fake_ops: list[FakeOps], how: str, taken: int
+    ) -> None:
+        """The loop takes ``taken`` of 5 batches, 2 copied ahead, then drops the iterator
+        (``break``) or closes it: the next epoch gives the rest, the source's error in its
+        place, then ends without asking the source past its end again; the one after is
+        empty and says why."""
+        source = OneShot(5, tensors=True)
+        prefetcher = CudaPrefetcher(source, depth=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors: expected here
+            iterator = iter(prefetcher)
+            assert [int(next(iterator)) for _ in range(taken)] == list(range(taken))
+            assert source.drawn == min(taken + 2, 5)  # copied ahead: what is carried
+            if how == "close":
+                iterator.close()
+            else:
+                del iterator
+            rest = iter(prefetcher)
+            assert [int(next(rest)) for _ in range(taken, 5)] == list(range(taken, 5))
+            with pytest.raises(ValueError, match="bad"):
+                next(rest)
+            assert list(rest) == []
+        assert source.ends == 1, "the source was asked past its end again"
+        with pytest.warns(UserWarning, match="consumed by an earlier epoch"):
+            assert list(prefetcher) == []
+
+
+class Sized:
+    """A re-iterable of ``size`` 1-element tensors with a length; counts what each epoch asks.
+
+    ``ends``: calls that found the end; ``closed``: epochs whose iterator was closed early
+    (each iterator is kept in ``made``: only a ``close()`` runs its ``finally``, not its
+    collection).
+    """
+
+    def __init__(self, size: int, *, final: BaseException | None = None) -> None:
+        self.size, self.ends, self.closed, self.drawn = size, 0, 0, 0
+        self.final = final  # raised instead of the item after the first, then it goes on
+        self.made: list[Iterator[torch.Tensor]] = []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        made = self._items()
+        self.made.append(made)
+        return made
+
+    def _items(self) -> Iterator[torch.Tensor]:
+        finished = False
+        try:
+            for index in range(self.size):
+                self.drawn += 1
+                if index == 1 and self.final is not None:
+                    raise self.final
+                yield torch.tensor([index])
+            finished = True
+            self.ends += 1
+        finally:
+            self.closed += not finished
+
+
+class TestDeviceEpoch:
+    """The epoch over a sized source on the (fake) device: its end, its source, its figures."""
+
+    @staticmethod
+    def quietly(function: Callable[[], Any]) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors: expected here
+            return function()
+
+    def test_the_end_is_found_when_the_loop_asks_past_it(self, fake_ops: list[FakeOps]) -> None:
+        """With 2 copied ahead, the source is asked for its end only by the next() after
+        its last item, as a plain loop over it would."""
+        source = Sized(4)
+        iterator = iter(CudaPrefetcher(source, depth=2))
+        taken = self.quietly(lambda: [int(next(iterator)) for _ in range(4)])
+        assert taken == [0, 1, 2, 3]
+        assert (source.drawn, source.ends) == (4, 0)
+        assert next(iterator, "over") == "over"
+        assert source.ends == 1
+
+    def test_an_epoch_closed_early_closes_the_iterator_it_made(
+        self, fake_ops: list[FakeOps]
+    ) -> None:
+        """The iterator made by ``iter(loader)`` is closed at close() (its finally runs)."""
+        source = Sized(6)
+        iterator = iter(CudaPrefetcher(source, depth=2))
+        assert int(self.quietly(lambda: next(iterator))) == 0
+        assert source.closed == 0
+        iterator.close()
+        assert source.closed == 1
+
+    def test_an_error_that_ends_the_epoch_ends_it(self, fake_ops: list[FakeOps]) -> None:
+        """A ``BaseException`` the source raised (a ``BackgroundLoader`` below marks it as
+        the source's, not a Ctrl-C on this thread) is raised in its place and ends the
+        epoch there: its end is stamped before another next()."""
+        source = Sized(6, final=SystemExit(3))
+        prefetcher = CudaPrefetcher(BackgroundLoader(source, depth=1), depth=2)
+        iterator = iter(prefetcher)
+        assert int(self.quietly(lambda: next(iterator))) == 0
+        assert prefetcher.stats.finished is None
+        with pytest.raises(SystemExit):
+            self.quietly(lambda: next(iterator))
+        assert prefetcher.stats.finished is not None
+        assert next(iterator, "over") == "over"
+        assert source.drawn == 2
+
+    def test_the_wait_at_the_end_is_counted(self, fake_ops: list[FakeOps]) -> None:
+        """The next() that finds the end adds its time to ``end_wait_seconds`` (more than 0,
+        less than the epoch took) and the epoch's end is stamped."""
+        prefetcher = CudaPrefetcher(Sized(3), depth=2)
+        started = time.perf_counter()
+        assert len(self.quietly(lambda: list(prefetcher))) == 3
+        took = time.perf_counter() - started
+        stats = prefetcher.stats
+        assert 0.0 < stats.end_wait_seconds < took
+        assert stats.finished is not None and started < stats.finished <= time.perf_counter()

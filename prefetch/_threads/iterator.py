@@ -326,6 +326,7 @@ class BackgroundIterator(EpochIterator[T]):
 
 
 def started_threads(iterator: BackgroundIterator[Any]) -> tuple[threading.Thread, ...]:
-    """The threads ``iterator``'s epoch started (none before it starts)."""
+    """The threads ``iterator``'s epoch started (it must have started)."""
     engine = iterator._engine
-    return engine.threads if engine is not None else ()
+    assert engine is not None  # started: its caller starts it first
+    return engine.threads

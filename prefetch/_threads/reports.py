@@ -23,6 +23,8 @@ from prefetch._shared.stats import LoaderStats
 from prefetch._threads.engine import Engine
 from prefetch._threads.policy import Control
 
+MORE_THAN_EVER_READY = 1 << 62
+"""The fewest items ready after a report, until a hand-over counts them."""
 REPORT_EVERY = 16
 """Quiet hand-offs reported to the policies at once (or the depth's worth, if more)."""
 
@@ -109,7 +111,7 @@ class Reports:
         changed = False
         if adapts_depth:
             fewest = self._fewest
-            waited = 0.0 if fewest else self._waited  # only the last hand-off can have waited
+            waited = self._waited  # 0.0 unless the loop waited since the last report
             threads = max(figures.threads, 1)  # N threads make an item N times as often
             new = self.depth.observe(
                 now=now,
@@ -137,5 +139,5 @@ class Reports:
             if wanted is not None:
                 engine.set_threads(wanted)
         self._handed_over, self._reported_items = now, items
-        self._fewest, self._waited = 1 << 62, 0.0
+        self._fewest, self._waited = MORE_THAN_EVER_READY, 0.0
         return changed
