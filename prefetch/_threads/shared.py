@@ -22,12 +22,12 @@ Invariants (the engine's first rule, :mod:`prefetch._threads.engine`):
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 from prefetch._shared.epoch import EpochRecord
+from prefetch._shared.facts import gil_enabled
 from prefetch._threads.handover import Handover
 from prefetch._threads.messages import Final, Run, Snapshot
 from prefetch._threads.tasks import ProducerSpec, Tasks
@@ -75,7 +75,7 @@ class Shared:
         self.tasks, self.spec, self.record = tasks, spec, record
         self.max_bytes = max_bytes
         self.clock: Callable[[], float] = time.thread_time if measure_cpu else _no_clock
-        self.parallel_python = not _gil_enabled()  # threads run Python at the same time
+        self.parallel_python = not gil_enabled()  # threads run Python at the same time
         self.lock = threading.RLock()  # re-entrant: a finalizer may stop() on a holding thread
         self.space = threading.Condition(self.lock)  # threads wait here for tickets
         self.data = threading.Condition(self.lock)  # the consumer waits here
@@ -206,9 +206,3 @@ _RELEASE_ERRORS = ("release unlocked lock", "cannot release un-acquired lock")
 
 def _no_clock() -> float:
     return 0.0
-
-
-def _gil_enabled() -> bool:
-    """Whether the GIL is enabled (always, before free-threaded Python 3.13)."""
-    is_enabled = getattr(sys, "_is_gil_enabled", None)
-    return bool(is_enabled()) if callable(is_enabled) else True
