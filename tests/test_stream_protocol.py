@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from prefetch import BackgroundLoader, CudaPrefetcher
 from prefetch._device.copier import StreamCopier
@@ -476,3 +477,23 @@ class TestDeviceEpoch:
         stats = prefetcher.stats
         assert 0.0 < stats.end_wait_seconds < took
         assert stats.finished is not None and started < stats.finished <= time.perf_counter()
+
+    def test_a_break_sets_a_seeded_shuffle_back(self, fake_ops: list[FakeOps]) -> None:
+        """Dropped after one batch, the last (short) batch copied ahead, the prefetcher leaves
+        the shuffle's generator where the plain loop's break leaves it (reading the short
+        batch drew the next permutation)."""
+
+        def after_a_break(make: Callable[[DataLoader[int]], Any]) -> torch.Tensor:
+            generator = torch.Generator().manual_seed(0)
+            loader = DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=generator)
+            iterator = iter(make(loader))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors
+                next(iterator)
+            del iterator  # a break
+            return generator.get_state()
+
+        plain = after_a_break(lambda loader: loader)
+        read_ahead = after_a_break(lambda loader: iter(list(loader)))  # read to the end
+        assert not torch.equal(read_ahead, plain)  # the check can fail
+        assert torch.equal(after_a_break(lambda loader: CudaPrefetcher(loader, depth=4)), plain)
