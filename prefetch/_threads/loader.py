@@ -299,7 +299,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         start_sampler_here(source)  # a seeded shuffle must not depend on the thread's timing
         tasks: Tasks
         if self._fetch_threads is not None:
-            loader = cast("DataLoader[T]", self._loader)
+            loader = cast("DataLoader[T]", self._loader)  # pragma: no mutate (a cast)
             tasks = sampler_tasks(loader, source, "BackgroundLoader", self._fetch_grain)
         else:
             tasks = self._one_thread_tasks(source, owned)
@@ -332,7 +332,7 @@ class BackgroundLoader(LoaderWrapper, Generic[T]):
         (augmentations that repeat); any other source is drawn item by item.
         """
         if self._parallel_fetch_available and not isinstance(source, Resumed):
-            loader = cast("DataLoader[T]", self._loader)
+            loader = cast("DataLoader[T]", self._loader)  # pragma: no mutate (a cast)
             try:
                 return sampler_tasks(loader, source, "BackgroundLoader", "batch")
             except TypeError:  # not torch's single-process iterator after all
