@@ -416,6 +416,21 @@ class TestInterpreterExit:
         )
 
 
+def free_for_a_thread(lock: Any) -> bool:
+    """Whether another thread can take ``lock`` (an RLock this thread held would not say)."""
+    taken: list[bool] = []
+
+    def take_the_lock() -> None:
+        taken.append(lock.acquire(timeout=5))
+        if taken[-1]:
+            lock.release()
+
+    taker = threading.Thread(target=take_the_lock)
+    taker.start()
+    taker.join(10)
+    return taken == [True]
+
+
 class TestInterruptInsideTheWait:
     """Ctrl-C landing inside ``Condition.wait``, after it let the lock go, is still Ctrl-C."""
 
@@ -445,17 +460,64 @@ class TestInterruptInsideTheWait:
             with pytest.raises(KeyboardInterrupt):
                 next(iterator)
             data._release_save = let_go
-            taken: list[bool] = []
+            assert free_for_a_thread(shared.lock), "the interrupted wait kept the lock"
+            assert not data._waiters, "the interrupted wait left its waiter behind"
+        finally:
+            release.set()
+            iterator.close()
 
-            def take_the_lock() -> None:
-                taken.append(shared.lock.acquire(timeout=5))
-                if taken[-1]:
-                    shared.lock.release()
+    @pytest.mark.timeout(30)
+    def test_a_second_interrupt_while_it_takes_the_lock_back(self) -> None:
+        """A second Ctrl-C lands while the interrupted wait takes the lock back: it tries
+        again, the first interrupt reaches the loop, and the lock is free afterwards."""
+        release = threading.Event()
 
-            taker = threading.Thread(target=take_the_lock)
-            taker.start()
-            taker.join(10)
-            assert taken == [True], "the interrupted wait kept the lock from the threads"
+        def held_back() -> Iterator[int]:
+            yield 0
+            release.wait(10)
+            yield 1
+
+        class SecondInterrupt:
+            """The engine's lock, whose first ``acquire()`` is interrupted (a second Ctrl-C)."""
+
+            def __init__(self, lock: Any) -> None:
+                self.lock, self.tries = lock, 0
+
+            def acquire(self, *args: Any, **kwargs: Any) -> bool:
+                self.tries += 1
+                if self.tries == 1:
+                    raise KeyboardInterrupt
+                return bool(self.lock.acquire(*args, **kwargs))
+
+            def __enter__(self) -> Any:
+                return self.lock.__enter__()
+
+            def __exit__(self, *exc_info: object) -> Any:
+                return self.lock.__exit__(*exc_info)
+
+        iterator = iter(BackgroundLoader(held_back(), depth=2))
+        try:
+            assert take(iterator, 5.0) == 0
+            shared = engine_of(iterator).shared
+            data, lock = shared.data, shared.lock
+            let_go = data._release_save
+            first = KeyboardInterrupt()
+
+            def let_go_then_interrupt() -> Any:
+                let_go()
+                raise first
+
+            data._release_save = let_go_then_interrupt
+            shared.lock = SecondInterrupt(lock)
+            try:
+                with pytest.raises(KeyboardInterrupt) as raised:
+                    next(iterator)
+                tries = shared.lock.tries
+            finally:
+                data._release_save, shared.lock = let_go, lock
+            assert raised.value is first
+            assert tries == 2
+            assert free_for_a_thread(lock), "the interrupted wait kept the lock"
             assert not data._waiters, "the interrupted wait left its waiter behind"
         finally:
             release.set()

@@ -169,6 +169,27 @@ class TestStart:
         closed.start()
         assert len(seen) == 1 and list(closed) == []
 
+    @pytest.mark.parametrize("fetch_threads", [None, 2])
+    def test_the_sampler_starts_on_the_callers_thread(self, fetch_threads: int | None) -> None:
+        """The sampler's first draw (a seeded shuffle's permutation) is made by start(), on
+        the caller's thread, as the plain loop's first next() makes it: not by a thread at
+        a moment that depends on timing."""
+        drew: list[int] = []
+
+        class Sampler(torch.utils.data.Sampler[int]):
+            def __len__(self) -> int:
+                return 4
+
+            def __iter__(self) -> Any:
+                drew.append(threading.get_ident())
+                yield from range(4)
+
+        loader = DataLoader(list(range(4)), batch_size=2, sampler=Sampler())
+        iterator = iter(BackgroundLoader(loader, fetch_threads=fetch_threads))
+        iterator.start()
+        assert drew == [threading.get_ident()]
+        assert [batch.tolist() for batch in iterator] == [[0, 1], [2, 3]]
+
     def test_an_error_of_iter_reaches_start(self) -> None:
         """iter(loader) raising inside start(): start() raises it and the epoch is over."""
 
