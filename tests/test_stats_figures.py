@@ -249,9 +249,13 @@ class TestParallelFetch:
         assert list(loader) == [0, 1, 2, 3]
         assert loader.stats.peak_samples == 1 and loader.stats.fetch_reads == [4]
 
-    def test_read_cpu_reaches_the_thread_policy(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    @pytest.mark.parametrize(("threads", "summed"), [("auto", 12 * 0.25), (2, 0.0)])
+    def test_read_cpu_reaches_the_thread_policy(
+        self, monkeypatch: pytest.MonkeyPatch, threads: int | str, summed: float
+    ) -> None:
         """With fetch_threads="auto" the engine sums each read's CPU (the thread's clock
-        before and after the read), which its thread policy weighs: 0.25 s for each of 12."""
+        before and after the read), which its thread policy weighs: 0.25 s for each of 12.
+        With a fixed count no policy weighs it, and no clock is read (a system call)."""
         cpu: dict[int, float] = {}
 
         class ThreadClock:
@@ -273,7 +277,7 @@ class TestParallelFetch:
                 return index
 
         monkeypatch.setattr(shared, "time", ThreadClock())
-        loader = BackgroundLoader(DataLoader(Burning(), batch_size=4), fetch_threads="auto")
+        loader = BackgroundLoader(DataLoader(Burning(), batch_size=4), fetch_threads=threads)
         iterator = iter(loader)
         engine = engine_of(iterator)
         assert [batch.tolist() for batch in iterator] == [
@@ -282,7 +286,7 @@ class TestParallelFetch:
             [8, 9, 10, 11],
         ]
         snapshot = engine.snapshot()
-        assert (snapshot.reads, snapshot.cpu_seconds) == (12, 12 * 0.25)
+        assert (snapshot.reads, snapshot.cpu_seconds) == (12, summed)
 
 
 class TestCpuClocks:

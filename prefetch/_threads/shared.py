@@ -69,8 +69,8 @@ class Shared:
         measure_cpu: bool,
         probe_first: bool,
         in_order: bool,
-        expected: int | None = None,
-        keep: bool = False,
+        expected: int | None,
+        keep: bool,
     ) -> None:
         self.tasks, self.spec, self.record = tasks, spec, record
         self.max_bytes = max_bytes
