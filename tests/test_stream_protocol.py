@@ -353,6 +353,7 @@ class TestOpaqueInputsKeptAlive:
         iterator.close()
 
 
+@pytest.mark.filterwarnings("ignore:CudaPrefetcher.*unpinned:UserWarning")
 class TestOneShotReadAhead:
     """Over a one-shot source, the batches copied ahead are the next epoch's, in order."""
 
@@ -367,20 +368,18 @@ class TestOneShotReadAhead:
         empty and says why."""
         source = OneShot(5, tensors=True)
         prefetcher = CudaPrefetcher(source, depth=2)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors: expected here
-            iterator = iter(prefetcher)
-            assert [int(next(iterator)) for _ in range(taken)] == list(range(taken))
-            assert source.drawn == min(taken + 2, 5)  # copied ahead: what is carried
-            if how == "close":
-                iterator.close()
-            else:
-                del iterator
-            rest = iter(prefetcher)
-            assert [int(next(rest)) for _ in range(taken, 5)] == list(range(taken, 5))
-            with pytest.raises(ValueError, match="bad"):
-                next(rest)
-            assert list(rest) == []
+        iterator = iter(prefetcher)
+        assert [int(next(iterator)) for _ in range(taken)] == list(range(taken))
+        assert source.drawn == min(taken + 2, 5)  # copied ahead: what is carried
+        if how == "close":
+            iterator.close()
+        else:
+            del iterator
+        rest = iter(prefetcher)
+        assert [int(next(rest)) for _ in range(taken, 5)] == list(range(taken, 5))
+        with pytest.raises(ValueError, match="bad"):
+            next(rest)
+        assert list(rest) == []
         assert source.ends == 1, "the source was asked past its end again"
         with pytest.warns(UserWarning, match="consumed by an earlier epoch"):
             assert list(prefetcher) == []
@@ -421,21 +420,16 @@ class Sized:
             self.closed += not finished
 
 
+@pytest.mark.filterwarnings("ignore:CudaPrefetcher.*unpinned:UserWarning")
 class TestDeviceEpoch:
     """The epoch over a sized source on the (fake) device: its end, its source, its figures."""
-
-    @staticmethod
-    def quietly(function: Callable[[], Any]) -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors: expected here
-            return function()
 
     def test_the_end_is_found_when_the_loop_asks_past_it(self, fake_ops: list[FakeOps]) -> None:
         """With 2 copied ahead, the source is asked for its end only by the next() after
         its last item, as a plain loop over it would."""
         source = Sized(4)
         iterator = iter(CudaPrefetcher(source, depth=2))
-        taken = self.quietly(lambda: [int(next(iterator)) for _ in range(4)])
+        taken = [int(next(iterator)) for _ in range(4)]
         assert taken == [0, 1, 2, 3]
         assert (source.drawn, source.ends) == (4, 0)
         assert next(iterator, "over") == "over"
@@ -447,7 +441,7 @@ class TestDeviceEpoch:
         """The iterator made by ``iter(loader)`` is closed at close() (its finally runs)."""
         source = Sized(6)
         iterator = iter(CudaPrefetcher(source, depth=2))
-        assert int(self.quietly(lambda: next(iterator))) == 0
+        assert int(next(iterator)) == 0
         assert source.closed == 0
         iterator.close()
         assert source.closed == 1
@@ -459,10 +453,10 @@ class TestDeviceEpoch:
         source = Sized(6, final=SystemExit(3))
         prefetcher = CudaPrefetcher(BackgroundLoader(source, depth=1), depth=2)
         iterator = iter(prefetcher)
-        assert int(self.quietly(lambda: next(iterator))) == 0
+        assert int(next(iterator)) == 0
         assert prefetcher.stats.finished is None
         with pytest.raises(SystemExit):
-            self.quietly(lambda: next(iterator))
+            next(iterator)
         assert prefetcher.stats.finished is not None
         assert next(iterator, "over") == "over"
         assert source.drawn == 2
@@ -472,7 +466,7 @@ class TestDeviceEpoch:
         less than the epoch took) and the epoch's end is stamped."""
         prefetcher = CudaPrefetcher(Sized(3), depth=2)
         started = time.perf_counter()
-        assert len(self.quietly(lambda: list(prefetcher))) == 3
+        assert len(list(prefetcher)) == 3
         took = time.perf_counter() - started
         stats = prefetcher.stats
         assert 0.0 < stats.end_wait_seconds < took
@@ -487,9 +481,7 @@ class TestDeviceEpoch:
             generator = torch.Generator().manual_seed(0)
             loader = DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=generator)
             iterator = iter(make(loader))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # unpinned CPU tensors
-                next(iterator)
+            next(iterator)
             del iterator  # a break
             return generator.get_state()
 
