@@ -329,14 +329,22 @@ class TestErrorsInPlace:
         assert wrapped[2][1] is errors[2] and wrapped[5][1] is errors[5]
 
     @pytest.mark.parametrize("threads", THREAD_COUNTS)
-    def test_stop_iteration_from_a_read_is_raised_in_place(self, threads: int) -> None:
-        """A read raising StopIteration does not end the epoch: raised in place, as plain.
+    @pytest.mark.parametrize("raiser", ["read", "collate_fn"])
+    def test_stop_iteration_from_a_read_is_raised_in_place(self, threads: int, raiser: str) -> None:
+        """A read or ``collate_fn`` raising StopIteration does not end the epoch: it is
+        raised in place, as plain.
 
         The plain DataLoader lets it out of that ``next()`` (a ``for`` loop
         ends there) and a later ``next()`` goes on with the next batch; the
         wrapper does the same, not taking it for the source's end.
         """
-        stop = StopIteration("read stopped")
+        stop = StopIteration(f"{raiser} stopped")
+
+        def collate(samples: list[Any]) -> Any:
+            batch = default_collate(samples)
+            if raiser == "collate_fn" and torch.equal(batch, dataset.data[3:6]):
+                raise stop
+            return batch
 
         def after_the_stop(iterator: Any) -> tuple[list[Any], list[Any]]:
             before = []
@@ -346,9 +354,11 @@ class TestErrorsInPlace:
             assert raised.value is stop
             return before, list(iterator)
 
-        dataset = Values(12, fail={4: stop})
-        plain = after_the_stop(iter(DataLoader(dataset, batch_size=3)))
-        loader = BackgroundLoader(DataLoader(dataset, batch_size=3), fetch_threads=threads)
+        dataset = Values(12, fail={4: stop} if raiser == "read" else {})
+        plain = after_the_stop(iter(DataLoader(dataset, batch_size=3, collate_fn=collate)))
+        loader = BackgroundLoader(
+            DataLoader(dataset, batch_size=3, collate_fn=collate), fetch_threads=threads
+        )
         wrapped = after_the_stop(iter(loader))
         assert (len(plain[0]), len(plain[1])) == (1, 2)
         assert_same_batches(wrapped[0], plain[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,9 +18,11 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from prefetch import BackgroundLoader, sample_seed
+from prefetch._threads.sample_board import Reading, SampleBoard
 
 from .liveness import begin, wait_for
 from .parallel import (
+    WAIT_SECONDS,
     Abort,
     Gated,
     Values,
@@ -159,6 +162,137 @@ class TestErrors:
         assert actual[1][1] is error
         wait_for(lambda: not prefetch_threads(), "every thread to leave")
 
+    @pytest.mark.parametrize("error", [KeyError(2), Abort("stop")], ids=["Exception", "Base"])
+    def test_no_sample_after_the_error_is_read(self, error: BaseException) -> None:
+        """One thread reads a batch's samples in order; after the one that raises it reads
+        none of that batch, and the reads are the DataLoader's, one for one."""
+
+        def reads(loader: Any, data: Values) -> list[int]:
+            outcomes(iter(loader))
+            return [index for index, _ in data.reads]
+
+        plain = Values(24, fail={2: error})
+        wrapped = Values(24, fail={2: error})
+        expected = reads(DataLoader(plain, batch_size=8), plain)
+        actual = reads(
+            BackgroundLoader(DataLoader(wrapped, batch_size=8), fetch_threads=1), wrapped
+        )
+        assert actual[:3] == [0, 1, 2] and 3 not in actual
+        assert actual == expected
+
+    def test_a_later_error_given_back_after_an_earlier_one(self) -> None:
+        """Samples 0 and 1 both raise, 1's error given back after 0's cut the batch short:
+        the batch completes (no sample counted twice) and raises 0's, as plain."""
+        reading_1, reading_8 = threading.Event(), threading.Event()
+
+        class Ordered(Values):
+            def __getitem__(self, index: int) -> Any:
+                waits = {0: reading_1, 1: reading_8}.get(index)
+                if index == 1:
+                    reading_1.set()
+                if index == 8:
+                    reading_8.set()  # the thread that gave back sample 0 moved on
+                if waits is not None and not waits.wait(WAIT_SECONDS):
+                    raise AssertionError(f"read {index} waited in vain")
+                return super().__getitem__(index)
+
+        errors = {0: KeyError(0), 1: KeyError(1)}
+        expected = outcomes(iter(DataLoader(Values(24, fail=errors), batch_size=8)))
+        loader = BackgroundLoader(
+            DataLoader(Ordered(24, fail=errors), batch_size=8), depth=2, fetch_threads=2
+        )
+        actual = outcomes(iter(loader))
+        assert [kind for kind, _ in actual] == ["error", "item", "item"]
+        assert actual[0][1] is errors[0]
+        assert_same_outcomes(actual, expected)
+
+    @pytest.mark.parametrize("lower", [KeyError(3), Abort("first")], ids=["Exception", "Base"])
+    def test_an_error_below_one_that_cut_the_batch_short(
+        self, monkeypatch: pytest.MonkeyPatch, lower: BaseException
+    ) -> None:
+        """Sample 6 raises a BaseException once sample 7 is being read (every unit handed
+        out); once that is given back, sample 3 raises: the batch completes, counting
+        sample 7 once, and raises 3's error, after which the epoch goes on or ends as plain."""
+        reading_7, cut_at_6 = threading.Event(), threading.Event()
+        give_back = SampleBoard.give_back_and_take
+
+        def give_back_and_tell(
+            board: SampleBoard, batch: Reading, unit: int, part: Any, error: Any
+        ) -> Any:
+            try:
+                return give_back(board, batch, unit, part, error)
+            finally:
+                if (batch.seq, unit) == (0, 6):
+                    cut_at_6.set()
+
+        monkeypatch.setattr(SampleBoard, "give_back_and_take", give_back_and_tell)
+
+        class Ordered(Values):
+            def __getitem__(self, index: int) -> Any:
+                if index == 7:
+                    reading_7.set()
+                waits = {3: cut_at_6, 6: reading_7}.get(index)
+                if waits is not None and not waits.wait(WAIT_SECONDS):
+                    raise AssertionError(f"read {index} waited in vain")
+                return super().__getitem__(index)
+
+        errors: dict[int, BaseException] = {3: lower, 6: Abort("later")}
+        expected = outcomes(iter(DataLoader(Values(24, fail=errors), batch_size=8)))
+        loader = BackgroundLoader(
+            DataLoader(Ordered(24, fail=errors), batch_size=8), depth=2, fetch_threads=8
+        )
+        actual = outcomes(iter(loader))
+        kinds = ["error", "item", "item"] if isinstance(lower, Exception) else ["final"]
+        assert [kind for kind, _ in actual] == kinds
+        assert actual[0][1] is lower
+        assert_same_outcomes(actual, expected)
+
+    def test_a_final_keeps_the_batch_still_being_read_before_it(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A BaseException in batch 1 while batch 0 is still being read: the final drops the
+        batches after it, not batch 0, which arrives before the exception."""
+        cut = threading.Event()  # batch 1's final has dropped the batches after it
+        cut_from = SampleBoard.cut
+
+        def cut_and_tell(board: SampleBoard, seq: int) -> int:
+            try:
+                return cut_from(board, seq)
+            finally:
+                cut.set()
+
+        monkeypatch.setattr(SampleBoard, "cut", cut_and_tell)
+
+        class FirstHeldBack(Values):
+            def __getitem__(self, index: int) -> Any:
+                if index == 0 and not cut.wait(WAIT_SECONDS):
+                    raise AssertionError("batch 1's final was never posted")
+                return super().__getitem__(index)
+
+        error = Abort("stop")
+        data = FirstHeldBack(40, fail={10: error})
+        loader = BackgroundLoader(DataLoader(data, batch_size=8), fetch_threads=2)
+        actual = outcomes(iter(loader))
+        assert [kind for kind, _ in actual] == ["item", "final"]
+        assert torch.equal(actual[0][1], data.data[:8]) and actual[1][1] is error
+        wait_for(lambda: not prefetch_threads(), "every thread to leave")
+
+
+def every_thread_in_a_read(data: Gated, batch_size: int, threads: int) -> Iterator[Any]:
+    """Start an epoch over ``data`` (every read gated) and wait until each of its
+    ``threads`` is blocked in a read; on a failure the gate is opened."""
+    loader = BackgroundLoader(
+        DataLoader(data, batch_size=batch_size), depth=2, fetch_threads=threads
+    )
+    iterator = iter(loader)
+    try:
+        begin(iterator)  # start it without next(), which would wait for the gate
+        wait_for(lambda: data.waiting == threads, f"{threads} reads to wait at the gate")
+    except BaseException:
+        data.gate.set()
+        raise
+    return iterator
+
 
 class TestBounds:
     """What is in flight is counted in samples and bounded."""
@@ -173,15 +307,24 @@ class TestBounds:
         peak = loader.stats.peak_samples
         assert 32 <= peak <= (threads + 1) * 32
 
+    def test_peak_counts_the_samples_of_every_batch_being_read(self) -> None:
+        """Two threads, each blocked in the read of a 1-sample batch: two batches are being
+        read at once, and peak_samples counts the samples of both."""
+        data = Gated(8, free=0)
+        running = every_thread_in_a_read(data, batch_size=1, threads=2)
+        try:
+            assert running.stats.peak_samples == 2
+        finally:
+            data.gate.set()
+        assert [int(batch) for batch in running] == list(range(8))
+        assert 2 <= running.stats.peak_samples <= 3  # threads + 1 batches at most
+
     @pytest.mark.parametrize("how", ["close", "gc"])
     def test_stop_while_every_thread_is_in_a_read(self, how: str) -> None:
         """With 4 threads blocked inside one batch's reads, a stop returns and they all leave."""
         data = Gated(64, free=0)
-        loader = BackgroundLoader(DataLoader(data, batch_size=16), depth=2, fetch_threads=4)
-        iterator = iter(loader)
+        iterator = every_thread_in_a_read(data, batch_size=16, threads=4)
         try:
-            begin(iterator)  # start it without next(), which would wait for the gate
-            wait_for(lambda: data.waiting == 4, "4 reads to wait at the gate")
             assert data.started == 4  # one read per thread, each blocked: none begins another
             started = time.monotonic()
             if how == "close":

@@ -242,6 +242,27 @@ class TestParallelFetch:
         assert figures.peak_samples == 4
         assert not figures.parallel_fetch_available  # it reads in parallel already
 
+    def test_a_thread_adds_its_reads_every_account_every(self) -> None:
+        """One thread reading a batch of 2 * ACCOUNT_EVERY samples adds its reads to the
+        stats in steps of ACCOUNT_EVERY, not only when the batch is done: read k sees the
+        reads before it rounded down to a step."""
+        every = producers.ACCOUNT_EVERY
+        seen: list[list[int]] = []
+
+        class Peeking(Dataset[torch.Tensor]):
+            def __len__(self) -> int:
+                return 2 * every
+
+            def __getitem__(self, index: int) -> torch.Tensor:
+                seen.append(list(running.stats.fetch_reads))
+                return torch.tensor(index)
+
+        loader = BackgroundLoader(DataLoader(Peeking(), batch_size=2 * every), fetch_threads=1)
+        running = iter(loader)  # its stats are its epoch's from the start (the loader's may not be)
+        assert len(list(running)) == 1
+        assert seen == [[k // every * every] for k in range(2 * every)]
+        assert running.stats.fetch_reads == [2 * every]
+
     def test_an_unbatched_loaders_items_are_one_sample_each(self) -> None:
         """``batch_size=None``: each item read is one sample; one thread at depth 1 has one
         on the board at a time."""

@@ -71,7 +71,7 @@ class Reading:
         self.parts: list[Any] = [None] * len(units)
         self.errors: dict[int, BaseException] = {}
         self.next = 0  # the next unit to hand out
-        self.end = len(units)  # units from here on are not read (a BaseException came before)
+        self.end = len(units)  # units from here on are not read (an error came before)
         self.left = len(units)  # units handed out or to hand out, not given back yet
 
     def first_error(self) -> BaseException | None:
@@ -147,10 +147,10 @@ class SampleBoard:
         """Record a unit's result (or its error), then take the next unit: one lock.
 
         Returns whether the batch is complete, for this thread (then no unit
-        is taken), and the unit taken (``None``: none left). After a
-        ``BaseException`` the batch's later units are not read (the
-        DataLoader's loop would not reach them); its earlier ones still are,
-        since one of them may raise first.
+        is taken), and the unit taken (``None``: none left). After an error
+        the batch's later units are not read, those being read finish (the
+        DataLoader's loop reads no sample after the one that raised); its
+        earlier ones still are, since one of them may raise first.
         """
         with self._lock:
             if self._give_back(batch, unit, part, error):
@@ -161,8 +161,9 @@ class SampleBoard:
         """Record a unit's result (holding the lock); whether the batch is now complete."""
         if error is not None:
             batch.errors[unit] = error
-            if not isinstance(error, Exception) and unit + 1 < batch.end:
-                batch.left -= batch.end - max(batch.next, unit + 1)  # never handed out
+            if unit + 1 < batch.end:  # false after a lower unit's error (end is then <= unit)
+                # Of the units cut off, those handed out (below next) still come back.
+                batch.left -= max(0, batch.end - max(batch.next, unit + 1))
                 batch.end = unit + 1
         else:
             batch.parts[unit] = part
