@@ -7,7 +7,9 @@ Usage (from the repository root, after ``mutmut run``)::
 A mutant counts as killed when a test failed or timed out with it; as
 survived when every test passed or no test reached it (an untested line is
 as unguarded as a passing one). Mutants not yet checked (an interrupted run)
-are reported and left out of the rate. Exits 1 if the rate is below
+are reported and left out of the rate, as are those that ended with exit
+code 255: mutmut 3.8.1 calls that a timeout, but it is also what it records
+for the mutants a Ctrl-C (SIGINT to its processes) stops. Exits 1 if the rate is below
 ``--min``.
 """
 
@@ -19,9 +21,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-KILLED = {1, 3, 36, 24, -24, 152, 255}  # test failure, pytest error, timeouts (mutmut's codes)
+KILLED = {1, 3, 36, 24, -24, 152}  # test failure, pytest error, timeouts (mutmut's codes)
 NOT_CHECKED = {None, 2}  # not run yet, or interrupted
 SKIPPED = {34}
+DOUBTFUL = {255}  # a "timeout" to mutmut 3.8.1, and what the mutants a Ctrl-C stops get
 
 
 def module_counts(meta: Path) -> Counter[str]:
@@ -32,6 +35,8 @@ def module_counts(meta: Path) -> Counter[str]:
             counts["unchecked"] += 1
         elif code in SKIPPED:
             counts["skipped"] += 1
+        elif code in DOUBTFUL:
+            counts["doubtful"] += 1
         elif code in KILLED:
             counts["killed"] += 1
         else:
@@ -79,6 +84,11 @@ def main() -> int:
     )
     if total["unchecked"]:
         print(f"{total['unchecked']} mutants not checked yet (interrupted run): not in the rate")
+    if total["doubtful"]:
+        print(
+            f"{total['doubtful']} mutants ended with exit code 255 (a timeout to mutmut, or "
+            "stopped by a Ctrl-C): not in the rate; check them again by name"
+        )
     if rate(total) < args.min:
         print(f"kill rate {rate(total):.1f}% is below the floor of {args.min}%")
         return 1
