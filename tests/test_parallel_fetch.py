@@ -33,7 +33,7 @@ from .parallel import (
     assert_same_outcomes,
     outcomes,
 )
-from .processes import prefetch_threads, wait_until
+from .processes import live_child_pids, prefetch_threads, wait_until
 
 EVERY_COUNT: list[int | str] = [*THREAD_COUNTS, "auto"]
 Pair = namedtuple("Pair", ["features", "indices"])
@@ -416,6 +416,22 @@ class TestRefusals:
         assert "fetch_threads" in message and names in message
         assert "leave fetch_threads unset" in message.lower()
         assert prefetch_threads() == []
+
+    def test_workers_given_after_construction_are_refused_at_the_first_next(self) -> None:
+        """``num_workers`` set on the DataLoader after wrapping it (torch allows that):
+        the epoch's first ``next()`` refuses the workers' iterator, naming it, and no
+        worker process or thread is left."""
+        data = DataLoader(Values(8), batch_size=2)
+        loader = BackgroundLoader(data, fetch_threads=2)
+        data.num_workers, data.prefetch_factor = 2, 2  # what DataLoader(...) sets for workers
+        with pytest.raises(TypeError) as raised:
+            next(iter(loader))
+        assert str(raised.value) == (
+            "BackgroundLoader(fetch_threads=...) needs torch's single-process DataLoader "
+            "iterator; iter(DataLoader) gave _MultiProcessingDataLoaderIter"
+        )
+        assert wait_until(lambda: not live_child_pids(), 10.0), live_child_pids()
+        assert wait_until(lambda: not prefetch_threads(), 5.0), prefetch_threads()
 
     @pytest.mark.parametrize(
         ("value", "error"),
