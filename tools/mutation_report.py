@@ -9,8 +9,8 @@ survived when every test passed or no test reached it (an untested line is
 as unguarded as a passing one). Mutants not yet checked (an interrupted run)
 are reported and left out of the rate, as are those that ended with exit
 code 255: mutmut 3.8.1 calls that a timeout, but it is also what it records
-for the mutants a Ctrl-C (SIGINT to its processes) stops. Exits 1 if the rate is below
-``--min``.
+for the mutants a Ctrl-C (SIGINT to its processes) stops. Exits 1 if the
+rate is below ``--min``.
 """
 
 from __future__ import annotations
