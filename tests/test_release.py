@@ -241,3 +241,68 @@ class TestDeviceEarlyRelease:
                 next(iterator)
         assert got == [0, 1, 2]
         assert source.calls_after_error == 0, "the source was asked for more after its end"
+
+
+class StateRaises(DataLoader):  # type: ignore[type-arg]
+    """A checkpointing DataLoader whose ``state_dict`` raises ``Fatal`` (Ctrl-C inside it)."""
+
+    def state_dict(self) -> dict[str, int]:
+        raise Fatal("state_dict interrupted")
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Never called here."""
+
+
+class CloseRaises:
+    """A stateful loader whose ``state_dict`` raises ``Fatal`` and whose iterator's
+    ``close()`` raises ``ValueError``."""
+
+    def __iter__(self) -> Iterator[int]:
+        return self.Iterator()
+
+    def state_dict(self) -> dict[str, int]:
+        raise Fatal("state_dict interrupted")
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Never called here."""
+
+    class Iterator:
+        """Never read; its release fails."""
+
+        def __iter__(self) -> CloseRaises.Iterator:
+            return self
+
+        def __next__(self) -> int:
+            raise AssertionError("never read")
+
+        def close(self) -> None:
+            raise ValueError("close failed")
+
+
+class TestRefusedStart:
+    """An epoch start that raises after ``iter()`` of the loader releases what it made."""
+
+    @pytest.mark.parametrize("wrapper", ["background", "cuda"])
+    def test_no_worker_outlives_an_error_before_the_launch(
+        self, wrapper: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The start state's read raises: the error comes out of the first ``next()``
+        raised, and the worker processes ``iter()`` started do not outlive it, though
+        the traceback (held here, as a logger or a debugger would) holds its frames."""
+        fake_device.install(monkeypatch)
+        data = StateRaises(SlowDataset(8, delay=0.0), batch_size=2, num_workers=2)
+        loader = BackgroundLoader(data) if wrapper == "background" else CudaPrefetcher(data)
+        with pytest.raises(Fatal, match="state_dict interrupted") as raised:
+            next(iter(loader))
+        wait_for(lambda: not live_child_pids(), lambda: f"worker processes {live_child_pids()}")
+        wait_for(lambda: not prefetch_threads(), lambda: f"threads {prefetch_threads()}")
+        assert raised.tb is not None  # held until here
+
+    def test_an_error_releasing_the_source_is_a_note_on_the_first(self) -> None:
+        """The release raises too: the start's error is the one raised, the release's
+        error a note on it."""
+        with pytest.raises(Fatal, match="state_dict interrupted") as raised:
+            next(iter(BackgroundLoader(CloseRaises())))
+        assert raised.value.__notes__ == [
+            "releasing the source after it raised failed too: ValueError('close failed')"
+        ]

@@ -12,6 +12,11 @@ An epoch starts in three named steps, all on the caller's thread:
    (its threads, or its device queue) and registers the :class:`Stoppable`
    that stops it.
 
+If step 2 or 3 raises (the loader's state cannot be read, a DataLoader given
+worker processes after ``fetch_threads`` wrapped it), the source ``iter()``
+made is released there and then (:func:`released_if_raised`): its worker
+processes do not outlive the error.
+
 The wrapper keeps its started epochs in a registry
 (:class:`~prefetch._shared.open_epochs.OpenEpochs`), each with its
 :class:`Stoppable`: what stops the epoch's threads, or releases its source,
@@ -38,7 +43,8 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from prefetch._shared.read_ahead import ReadAhead, Resumed
@@ -253,3 +259,20 @@ def release_source(source: Iterator[Any], owned: bool) -> None:
     close = getattr(source, "close", None)
     if owned and callable(close):
         close()
+
+
+@contextmanager
+def released_if_raised(source: Iterator[Any], owned: bool) -> Generator[None, None, None]:
+    """Release ``source`` (:func:`release_source`) if the block raises, then re-raise.
+
+    The block's error is the one raised; if releasing fails too, its error is
+    added to that one as a note rather than replacing it.
+    """
+    try:
+        yield
+    except BaseException as error:
+        try:
+            release_source(source, owned=owned)
+        except Exception as failure:  # the first error is the one to see
+            error.add_note(f"releasing the source after it raised failed too: {failure!r}")
+        raise

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from prefetch._shared.adapters import iterates_a_base
 from prefetch._shared.distributed import distributed_world, warn_if_unprepared, warn_if_unsharded
-from prefetch._shared.epoch import EpochIterator, EpochRecord, Opener
+from prefetch._shared.epoch import EpochIterator, EpochRecord, Opener, released_if_raised
 from prefetch._shared.facts import LoaderFacts
 from prefetch._shared.open_epochs import OpenEpochs
 from prefetch._shared.passthrough import set_epoch_on, sized_length, warn_consumed, why_unsized
@@ -184,32 +184,33 @@ class LoaderWrapper:
         except BaseException as error:  # Ctrl-C while torch started workers: see the module
             forget_interrupted_start(error)
             raise
-        if isinstance(source, EpochIterator):  # a wrapper below starts now too, on this thread
-            source.start()
-        # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
-        # this state, not the finished previous one. Nothing runs ahead yet.
-        last = self._epochs.last
-        read_sampling: Callable[[], Any] | None = None
-        if sampling is not None:  # over a wrapper below: where its loop (this one) got to
-            below = isinstance(source, EpochIterator)
-            read_sampling = source._sampling_position if below else sampling.mark
-        start = Position(self._start_state(), read_sampling() if read_sampling else None)
-        record = EpochRecord(start, last.largest_item if last is not None else 0)
-        record.stats.parallel_fetch_available = self._parallel_fetch_available
-        record.stats.facts = self._facts
         owned = source is not loader  # a one-shot iterator the user passed in stays open
-        if carried:
-            source = self._resumed = Resumed(carried, source)
-        iterator._launch(
-            source,
-            record,
-            owned=owned,
-            keep=isinstance(innermost(loader), Iterator),
-            read_state=position_reader(
-                partial(read_state, loader) if self._stateful else None, read_sampling
-            ),
-            expected=sized_length(loader),
-        )
+        with released_if_raised(source, owned=owned):  # no worker outlives a refused start
+            if isinstance(source, EpochIterator):  # a wrapper below starts now too, on this thread
+                source.start()
+            # After iter(): a StatefulDataLoader's new epoch (its shuffle included) is in
+            # this state, not the finished previous one. Nothing runs ahead yet.
+            last = self._epochs.last
+            read_sampling: Callable[[], Any] | None = None
+            if sampling is not None:  # over a wrapper below: where its loop (this one) got to
+                below = isinstance(source, EpochIterator)
+                read_sampling = source._sampling_position if below else sampling.mark
+            start = Position(self._start_state(), read_sampling() if read_sampling else None)
+            record = EpochRecord(start, last.largest_item if last is not None else 0)
+            record.stats.parallel_fetch_available = self._parallel_fetch_available
+            record.stats.facts = self._facts
+            if carried:
+                source = self._resumed = Resumed(carried, source)
+            iterator._launch(
+                source,
+                record,
+                owned=owned,
+                keep=isinstance(innermost(loader), Iterator),
+                read_state=position_reader(
+                    partial(read_state, loader) if self._stateful else None, read_sampling
+                ),
+                expected=sized_length(loader),
+            )
         if sampling is not None:  # its iterator sets the generators back when it is over
             record.sampling = sampling
             sampling.opened()

@@ -42,14 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from prefetch._shared.epoch import (
-    CLOSE_TIMEOUT,
-    STUCK_GRACE,
-    EpochIterator,
-    EpochRecord,
-    Opener,
-    release_source,
-)
+from prefetch._shared.epoch import CLOSE_TIMEOUT, STUCK_GRACE, EpochIterator, EpochRecord, Opener
 from prefetch._threads.engine import Engine
 from prefetch._threads.messages import Kind, Message, Run
 from prefetch._threads.policy import THREADS, Control, Fixed
@@ -133,11 +126,7 @@ class BackgroundIterator(EpochIterator[T]):
         """Run the epoch: make its engine over ``source`` and start its threads."""
         self._depth.start_epoch(record.stats)
         self._threads.start_epoch(record.stats)
-        try:
-            engine = self._engine_for(source, record, owned, keep, read_state, expected)
-        except BaseException:  # refused (a DataLoader given workers since): no worker stays
-            release_source(source, owned=owned)
-            raise
+        engine = self._engine_for(source, record, owned, keep, read_state, expected)
         self._engine = self._stopper = engine
         self._record = record
         self._return_every = self._return_interval()
