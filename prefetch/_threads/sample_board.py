@@ -71,7 +71,7 @@ class Reading:
         self.parts: list[Any] = [None] * len(units)
         self.errors: dict[int, BaseException] = {}
         self.next = 0  # the next unit to hand out
-        self.end = len(units)  # units from here on are not read (an error came before)
+        self.end = len(units)  # units from here on are not handed out (an error came)
         self.left = len(units)  # units handed out or to hand out, not given back yet
 
     def first_error(self) -> BaseException | None:
@@ -161,10 +161,9 @@ class SampleBoard:
         """Record a unit's result (holding the lock); whether the batch is now complete."""
         if error is not None:
             batch.errors[unit] = error
-            if unit + 1 < batch.end:  # false after a lower unit's error (end is then <= unit)
-                # Of the units cut off, those handed out (below next) still come back.
-                batch.left -= max(0, batch.end - max(batch.next, unit + 1))
-                batch.end = unit + 1
+            if batch.next < batch.end:  # none handed out from here: those out (unit too) come back
+                batch.left -= batch.end - batch.next
+                batch.end = batch.next
         else:
             batch.parts[unit] = part
         batch.left -= 1
