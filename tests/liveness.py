@@ -27,14 +27,23 @@ LIVENESS_SECONDS = 2.0
 
 
 def set_after(
-    monkeypatch: pytest.MonkeyPatch, owner: type, name: str, event: threading.Event
+    monkeypatch: pytest.MonkeyPatch,
+    owner: type,
+    name: str,
+    event: threading.Event,
+    when: Callable[..., bool] | None = None,
 ) -> None:
-    """Set ``event`` each time the method ``owner.name`` returns (an event, never a sleep)."""
+    """Set ``event`` each time the method ``owner.name`` returns (an event, never a sleep).
+
+    With ``when``, only after the calls for which ``when(*args, **kwargs)`` is
+    true (the arguments after ``self``).
+    """
     method = getattr(owner, name)
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = method(self, *args, **kwargs)
-        event.set()
+        if when is None or when(*args, **kwargs):
+            event.set()
         return result
 
     monkeypatch.setattr(owner, name, spy)

@@ -165,6 +165,36 @@ class Counted(Dataset[torch.Tensor]):
         return torch.full((self.nbytes,), index, dtype=torch.uint8)
 
 
+class Ordered(Values):
+    """:class:`Values` whose reads are put in order with events, never sleeps.
+
+    The read of an index in ``sets`` sets that event as it begins; the read of
+    an index in ``waits`` then waits for that event (``WAIT_SECONDS`` at most,
+    then ``AssertionError``) before it reads.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        sets: dict[int, threading.Event] | None = None,
+        waits: dict[int, threading.Event] | None = None,
+        fail: dict[int, BaseException] | None = None,
+    ) -> None:
+        super().__init__(size, fail=fail)
+        self.sets = sets or {}
+        self.waits = waits or {}
+
+    def __getitem__(self, index: int) -> Any:
+        if index in self.sets:
+            self.sets[index].set()
+        event = self.waits.get(index)
+        if event is not None and not event.wait(WAIT_SECONDS):
+            msg = f"read {index} waited {WAIT_SECONDS} s for its event in vain"
+            raise AssertionError(msg)
+        return super().__getitem__(index)
+
+
 def assert_same(actual: Any, expected: Any, where: str = "batch") -> None:
     """Assert ``actual`` is ``expected`` bit for bit: same types, equal tensor leaves."""
     assert type(actual) is type(expected), f"{where}: {type(actual)} != {type(expected)}"

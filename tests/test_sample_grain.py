@@ -18,13 +18,13 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from prefetch import BackgroundLoader, sample_seed
-from prefetch._threads.sample_board import Reading, SampleBoard
+from prefetch._threads.sample_board import SampleBoard
 
-from .liveness import begin, wait_for
+from .liveness import begin, set_after, wait_for
 from .parallel import (
-    WAIT_SECONDS,
     Abort,
     Gated,
+    Ordered,
     Values,
     assert_same_batches,
     assert_same_outcomes,
@@ -184,23 +184,12 @@ class TestErrors:
         """Samples 0 and 1 both raise, 1's error given back after 0's cut the batch short:
         the batch completes (no sample counted twice) and raises 0's, as plain."""
         reading_1, reading_8 = threading.Event(), threading.Event()
-
-        class Ordered(Values):
-            def __getitem__(self, index: int) -> Any:
-                waits = {0: reading_1, 1: reading_8}.get(index)
-                if index == 1:
-                    reading_1.set()
-                if index == 8:
-                    reading_8.set()  # the thread that gave back sample 0 moved on
-                if waits is not None and not waits.wait(WAIT_SECONDS):
-                    raise AssertionError(f"read {index} waited in vain")
-                return super().__getitem__(index)
-
         errors = {0: KeyError(0), 1: KeyError(1)}
         expected = outcomes(iter(DataLoader(Values(24, fail=errors), batch_size=8)))
-        loader = BackgroundLoader(
-            DataLoader(Ordered(24, fail=errors), batch_size=8), depth=2, fetch_threads=2
-        )
+        # sample 8 is read once the thread that gave back sample 0 moved on
+        sets, waits = {1: reading_1, 8: reading_8}, {0: reading_1, 1: reading_8}
+        data = Ordered(24, sets=sets, waits=waits, fail=errors)
+        loader = BackgroundLoader(DataLoader(data, batch_size=8), depth=2, fetch_threads=2)
         actual = outcomes(iter(loader))
         assert [kind for kind, _ in actual] == ["error", "item", "item"]
         assert actual[0][1] is errors[0]
@@ -214,33 +203,17 @@ class TestErrors:
         out); once that is given back, sample 3 raises: the batch completes, counting
         sample 7 once, and raises 3's error, after which the epoch goes on or ends as plain."""
         reading_7, cut_at_6 = threading.Event(), threading.Event()
-        give_back = SampleBoard.give_back_and_take
-
-        def give_back_and_tell(
-            board: SampleBoard, batch: Reading, unit: int, part: Any, error: Any
-        ) -> Any:
-            try:
-                return give_back(board, batch, unit, part, error)
-            finally:
-                if (batch.seq, unit) == (0, 6):
-                    cut_at_6.set()
-
-        monkeypatch.setattr(SampleBoard, "give_back_and_take", give_back_and_tell)
-
-        class Ordered(Values):
-            def __getitem__(self, index: int) -> Any:
-                if index == 7:
-                    reading_7.set()
-                waits = {3: cut_at_6, 6: reading_7}.get(index)
-                if waits is not None and not waits.wait(WAIT_SECONDS):
-                    raise AssertionError(f"read {index} waited in vain")
-                return super().__getitem__(index)
-
+        set_after(
+            monkeypatch,
+            SampleBoard,
+            "give_back_and_take",
+            cut_at_6,
+            when=lambda batch, unit, part, error: (batch.seq, unit) == (0, 6),
+        )
         errors: dict[int, BaseException] = {3: lower, 6: Abort("later")}
         expected = outcomes(iter(DataLoader(Values(24, fail=errors), batch_size=8)))
-        loader = BackgroundLoader(
-            DataLoader(Ordered(24, fail=errors), batch_size=8), depth=2, fetch_threads=8
-        )
+        data = Ordered(24, sets={7: reading_7}, waits={3: cut_at_6, 6: reading_7}, fail=errors)
+        loader = BackgroundLoader(DataLoader(data, batch_size=8), depth=2, fetch_threads=8)
         actual = outcomes(iter(loader))
         kinds = ["error", "item", "item"] if isinstance(lower, Exception) else ["final"]
         assert [kind for kind, _ in actual] == kinds
@@ -253,24 +226,9 @@ class TestErrors:
         """A BaseException in batch 1 while batch 0 is still being read: the final drops the
         batches after it, not batch 0, which arrives before the exception."""
         cut = threading.Event()  # batch 1's final has dropped the batches after it
-        cut_from = SampleBoard.cut
-
-        def cut_and_tell(board: SampleBoard, seq: int) -> int:
-            try:
-                return cut_from(board, seq)
-            finally:
-                cut.set()
-
-        monkeypatch.setattr(SampleBoard, "cut", cut_and_tell)
-
-        class FirstHeldBack(Values):
-            def __getitem__(self, index: int) -> Any:
-                if index == 0 and not cut.wait(WAIT_SECONDS):
-                    raise AssertionError("batch 1's final was never posted")
-                return super().__getitem__(index)
-
+        set_after(monkeypatch, SampleBoard, "cut", cut)
         error = Abort("stop")
-        data = FirstHeldBack(40, fail={10: error})
+        data = Ordered(40, waits={0: cut}, fail={10: error})
         loader = BackgroundLoader(DataLoader(data, batch_size=8), fetch_threads=2)
         actual = outcomes(iter(loader))
         assert [kind for kind, _ in actual] == ["item", "final"]
