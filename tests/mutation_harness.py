@@ -34,6 +34,14 @@ it). The package's frames, and every check of the suite (the thread check
 included), are unchanged. Generators, coroutines and class methods keep
 mutmut's own trampoline (the mutated modules have none today).
 
+It also runs each mutant's tests fastest first (their call times in
+mutmut's ``mutmut-stats.json``): mutmut stops a mutant's run at its first
+failure (``-x``), so a killed mutant costs the tests before the first that
+fails, and the few tests of a second or more each no longer run before the
+hundreds of milliseconds ones. The suite's tests do not depend on their
+order (it normally runs them shuffled, by pytest-randomly), so no verdict
+changes, only when it comes.
+
 mutmut loads it with ``-p tests.mutation_harness`` (``pytest_add_cli_args``
 in ``[tool.mutmut]``); the normal suite never loads it as a plugin. To run
 the tests by hand in the ``mutants/`` tree, pass the same option. It copies
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import sys
 import threading
@@ -160,3 +169,19 @@ def pytest_configure(config: pytest.Config) -> None:
             f"{early} imported before tests.mutation_harness: load it with "
             "-p tests.mutation_harness, as [tool.mutmut] pytest_add_cli_args does"
         )
+
+
+STATS_FILE = "mutmut-stats.json"
+"""mutmut's stats, in the ``mutants/`` tree it runs the tests in: each test's call time."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run a mutant's tests fastest first (module docstring); any other run keeps its order."""
+    from mutmut.mutation.trampoline import get_mutant_under_test
+
+    if get_mutant_under_test() in ("", "stats", "fail") or not os.path.exists(STATS_FILE):
+        return
+    with open(STATS_FILE) as stats:
+        seconds = json.load(stats).get("duration_by_test", {})
+    unknown = float("inf")  # a test the stats run did not time: after those it did
+    items.sort(key=lambda item: seconds.get(item.nodeid, unknown))
