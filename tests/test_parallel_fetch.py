@@ -183,6 +183,19 @@ class TestSameBatchesAsTheDataLoader:
         assert_same_batches(wrapped, plain)
         assert sorted(wrapped_set.calls) == sorted(plain_set.calls)
 
+    @pytest.mark.parametrize("threads", [1, 3])
+    def test_getitems_is_not_used_without_batches(self, threads: int) -> None:
+        """batch_size=None: the DataLoader reads each sample with __getitem__, never
+        __getitems__ (which takes a list); so do the threads."""
+        plain_set, wrapped_set = WithGetItems(6), WithGetItems(6)
+        plain = list(DataLoader(plain_set, batch_size=None))
+        wrapped = list(
+            BackgroundLoader(DataLoader(wrapped_set, batch_size=None), fetch_threads=threads)
+        )
+        assert_same_batches(wrapped, plain)
+        assert plain_set.calls == [] and wrapped_set.calls == []
+        assert sorted(index for index, _ in wrapped_set.reads) == list(range(6))
+
     @pytest.mark.parametrize(("batch", "threads", "chunk"), [(12, 3, 4), (4, 4, 1), (6, 1, 6)])
     def test_getitems_chunks_one_per_thread(self, batch: int, threads: int, chunk: int) -> None:
         """At the grain of samples a batch is read in one chunk per thread: 12 over 3 threads
