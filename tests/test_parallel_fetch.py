@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sa
 from torch.utils.data._utils.collate import default_collate
 
 from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch._torch.fetcher import PARALLEL_FETCH
 
 from .liveness import engine_of, wait_went_ahead
 from .parallel import (
@@ -400,6 +401,20 @@ class NoLen(IterableDataset[int]):
         return iter(range(4))
 
 
+NamedLikeHuggingFaces = type(
+    "IterableDataset",  # Hugging Face's class has the name of torch's
+    (NoLen,),
+    {"__module__": "datasets.iterable_dataset", "__qualname__": "IterableDataset"},
+)
+
+
+class OwnIter(DataLoader[Any]):
+    """A DataLoader subclass with its own ``__iter__``, as accelerate's prepared loaders."""
+
+    def __iter__(self) -> Any:
+        yield from super().__iter__()
+
+
 class WithState(Values):
     """A map-style dataset with its own checkpoint state."""
 
@@ -429,6 +444,82 @@ class TestRefusals:
         assert "fetch_threads" in message and names in message
         assert "leave fetch_threads unset" in message.lower()
         assert prefetch_threads() == []
+
+    @pytest.mark.parametrize(
+        ("loader", "error", "why"),
+        [
+            (
+                [torch.zeros(2)] * 3,
+                TypeError,
+                "reads a DataLoader's dataset, sampler and collate_fn in threads; got list. "
+                "For any other iterable leave fetch_threads unset: one thread overlaps its "
+                "loading with your loop",
+            ),
+            (
+                DataLoader(NoLen(), batch_size=2),
+                TypeError,
+                "needs a map-style dataset (indices to read in parallel); got NoLen, an "
+                "IterableDataset, which only its own iterator can read, in order. Leave "
+                "fetch_threads unset, or give it num_workers (each worker process reads its "
+                "own shard)",
+            ),
+            (
+                DataLoader(NamedLikeHuggingFaces(), batch_size=2),
+                TypeError,
+                "needs a map-style dataset (indices to read in parallel); got an "
+                "IterableDataset (from datasets.iterable_dataset), which only its own iterator "
+                "can read, in order. Leave fetch_threads unset, or give it num_workers (each "
+                "worker process reads its own shard)",
+            ),
+            (
+                DataLoader(Values(8), batch_size=2, num_workers=2),
+                ValueError,
+                "replaces worker processes with threads, but this DataLoader has "
+                "num_workers=2. Build it with num_workers=0, or leave fetch_threads unset to "
+                "overlap the workers' batches with one thread",
+            ),
+            (
+                OwnIter(Values(8), batch_size=2),
+                TypeError,
+                "reads a DataLoader's batches without its own next(), but OwnIter defines its "
+                "own __iter__() (accelerate's prepared loaders do: device placement, "
+                "synchronised random states), which parallel fetch would skip. Pass a "
+                "DataLoader or StatefulDataLoader, or leave fetch_threads unset over this one",
+            ),
+            (
+                DataLoader(WithState(8), batch_size=2),
+                ValueError,
+                "cannot read a dataset with its own state (WithState.state_dict) from several "
+                "threads: the state would not match the batches. Leave fetch_threads unset",
+            ),
+        ],
+        ids=["list", "iterable-dataset", "hf-named", "num-workers", "own-iter", "dataset-state"],
+    )
+    def test_each_refusal_says_why_and_what_to_do(
+        self, loader: Any, error: type[Exception], why: str
+    ) -> None:
+        """The whole message: what threads read, what they were given, what to do instead."""
+        with pytest.raises(error) as raised:
+            BackgroundLoader(loader, fetch_threads=2)
+        assert str(raised.value) == f"BackgroundLoader(fetch_threads=...) {why}"
+        assert prefetch_threads() == []
+
+    def test_torch_internals_gone_are_refused_after_the_loader_checks(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With the fetcher's internals gone (torch changed them), a DataLoader threads could
+        read is refused with a RuntimeError naming them; a DataLoader with workers is still
+        refused for its workers first."""
+        monkeypatch.setattr(PARALLEL_FETCH, "problem", lambda: "no _dataset_fetcher")
+        with pytest.raises(RuntimeError) as raised:
+            BackgroundLoader(DataLoader(Values(8), batch_size=2), fetch_threads=2)
+        message = str(raised.value)
+        assert message.startswith(
+            "BackgroundLoader(fetch_threads=...) needs the internals of torch's DataLoader iterator"
+        )
+        assert "(no _dataset_fetcher; checked on torch " in message
+        with pytest.raises(ValueError, match="num_workers=2"):
+            BackgroundLoader(DataLoader(Values(8), num_workers=2), fetch_threads=2)
 
     def test_workers_given_after_construction_are_refused_at_the_first_next(self) -> None:
         """``num_workers`` set on the DataLoader after wrapping it (torch allows that):
