@@ -472,10 +472,10 @@ class TestRefusals:
                 "worker process reads its own shard)",
             ),
             (
-                DataLoader(Values(8), batch_size=2, num_workers=2),
+                DataLoader(Values(8), batch_size=2, num_workers=1),  # one worker is one too many
                 ValueError,
                 "replaces worker processes with threads, but this DataLoader has "
-                "num_workers=2. Build it with num_workers=0, or leave fetch_threads unset to "
+                "num_workers=1. Build it with num_workers=0, or leave fetch_threads unset to "
                 "overlap the workers' batches with one thread",
             ),
             (
