@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import prefetch
 from prefetch import BackgroundLoader, CudaPrefetcher
+from prefetch._threads import producers
 from prefetch._threads.engine import Engine
 from prefetch._threads.thread_side import ThreadSide
 
@@ -669,6 +670,29 @@ class TestCheckpoint:
         state = loader.state_dict()
         loader.close()
         fresh = BackgroundLoader(Stateful(20), depth=depth)
+        fresh.load_state_dict(state)
+        assert consumed + list(fresh) == list(range(20))
+
+    @pytest.mark.parametrize("stop_after", range(1, 9))
+    def test_resume_is_exact_inside_a_run(
+        self, monkeypatch: pytest.MonkeyPatch, stop_after: int
+    ) -> None:
+        """Each item of a run moves the state, those the iterator hands over between two
+        exchanges (its fast path) too: a checkpoint after any of them resumes right after it.
+
+        Started before the first ``next()``, the thread posts its 8 draws as runs of 1 and 7
+        items (it posts once before it knows the source's rate; ``POST_AFTER`` raised keeps
+        the rest together, however slow the machine).
+        """
+        monkeypatch.setattr(producers, "POST_AFTER", 1e3)
+        loader = BackgroundLoader(Stateful(20), depth=8)
+        it = iter(loader)
+        it.start()
+        wait_went_ahead(engine_of(it))
+        consumed = [next(it) for _ in range(stop_after)]
+        state = loader.state_dict()
+        loader.close()
+        fresh = BackgroundLoader(Stateful(20), depth=8)
         fresh.load_state_dict(state)
         assert consumed + list(fresh) == list(range(20))
 
