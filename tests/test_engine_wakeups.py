@@ -17,10 +17,17 @@ import torch
 from torch.utils.data import DataLoader
 
 from prefetch import BackgroundLoader
+from prefetch._shared.epoch import EpochRecord
+from prefetch._threads import iterator as iterator_module
+from prefetch._threads import producers
 from prefetch._threads import shared as shared_module
 from prefetch._threads.consumer_side import ConsumerSide
+from prefetch._threads.engine import Engine
+from prefetch._threads.messages import Run
 from prefetch._threads.shared import Shared
+from prefetch._threads.tasks import IteratorTasks, ProducerSpec
 from prefetch._threads.thread_side import ThreadSide
+from prefetch._threads.tickets import Held
 
 from .liveness import (
     consume,
@@ -109,14 +116,15 @@ class TestWakeUps:
 
 
 class TestNoSpareWakeUps:
-    """A side is woken only while it waits, and the threads once until one waits again."""
+    """A side is woken only while it waits, and once until it waits again."""
 
     @pytest.mark.parametrize("depth", [1, 2, 8])
     def test_each_wake_finds_a_waiter(self, monkeypatch: pytest.MonkeyPatch, depth: int) -> None:
         """Over an epoch of a source without a length (no end gate), every wake-up of the
         threads finds one waiting for tickets and not woken yet (still in the condition's
         waiters: a second wake before it ran again would find none), and every wake-up of
-        the loop finds it waiting for a run."""
+        the loop finds it waiting for a run and not woken yet (under the GIL a thread wakes
+        it as it takes tickets, and its post then does not)."""
         seen: list[tuple[str, bool]] = []
         wake_threads, wake_consumer = Shared.wake_threads, Shared.wake_consumer
 
@@ -127,7 +135,8 @@ class TestNoSpareWakeUps:
             wake_threads(self)
 
         def consumer(self: Shared) -> None:
-            seen.append(("consumer", self.consumer_waiting))
+            waiter = bool(self.data._waiters)  # type: ignore[attr-defined]  # as above
+            seen.append(("consumer", self.consumer_waiting and not self.consumer_woken and waiter))
             wake_consumer(self)
 
         monkeypatch.setattr(Shared, "wake_threads", threads)
@@ -142,6 +151,199 @@ class TestNoSpareWakeUps:
         assert list(BackgroundLoader(source(), depth=depth)) == list(range(3_000))
         assert {side for side, _ in seen} == {"threads", "consumer"}
         assert [side for side, waiting in seen if not waiting] == []
+
+
+def idle_engine(depth: int = 4, threads: int = 1, *, reads: bool = False) -> Engine:
+    """An engine over ``range(100)`` whose threads never start: its sides called on this one.
+
+    ``reads``: its tasks say their draws are read unit by unit (as ``fetch_threads``').
+    """
+    tasks = IteratorTasks(iter(range(100)), owned=True)
+    if reads:
+        tasks.board = object()  # type: ignore[assignment]  # only looked at for None here
+    record = EpochRecord(None)
+    return Engine(tasks, ProducerSpec(), record, depth=depth, threads=threads, max_bytes=None)
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> list[Any]:
+    """Record the arguments (after ``self``) of each call of ``owner.name``, and make it."""
+    calls: list[Any] = []
+    method = getattr(owner, name)
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return method(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+class TestEarlyWakeUps:
+    """Under the GIL the loop is woken as a thread over an iterator takes tickets for it."""
+
+    @pytest.mark.parametrize(
+        ("gil", "threads", "reads", "early"),
+        [
+            (True, 1, False, True),
+            (False, 1, False, False),  # no GIL: the loop runs beside the thread
+            (True, 1, True, False),  # draws whose units are read: slow, several threads
+            (True, 2, False, False),
+        ],
+    )
+    def test_early_wakes_for_one_thread_over_an_iterator_under_the_gil(
+        self, monkeypatch: pytest.MonkeyPatch, gil: bool, threads: int, reads: bool, early: bool
+    ) -> None:
+        """The sides wake each other early only for one thread over an iterator, GIL on."""
+        monkeypatch.setattr(shared_module, "gil_enabled", lambda: gil)
+        assert idle_engine(threads=threads, reads=reads).shared.early_wakes is early
+
+    @pytest.mark.parametrize(
+        ("early", "waiting", "woken", "depth", "wakes"),
+        [
+            (True, True, False, 16, True),
+            (False, True, False, 16, False),  # see the test above
+            (True, False, False, 16, False),  # the loop does not wait
+            (True, True, True, 16, False),  # woken already, not run since
+            (True, True, False, 17, False),  # 17 draws before it blocks: too soon
+        ],
+    )
+    def test_taking_tickets_wakes_a_waiting_loop(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        early: bool,
+        waiting: bool,
+        woken: bool,
+        depth: int,
+        wakes: bool,
+    ) -> None:
+        """Taking at most ``EARLY_WAKE`` (16) tickets wakes a loop that waits and was not
+        woken since it last waited, where the sides wake each other early; the tickets are
+        taken either way."""
+        engine = idle_engine(depth)
+        shared = engine.shared
+        shared.consumer_waiting, shared.consumer_woken = waiting, woken
+        shared.early_wakes = early
+        calls = count_calls(monkeypatch, Shared, "wake_consumer")
+        held = Held()
+        assert engine.side.take_tickets(held, 100) == depth
+        assert (held.tickets, len(calls)) == (depth, int(wakes))
+        assert shared.consumer_woken is (woken or wakes)
+
+    @pytest.mark.parametrize(("woken", "wakes"), [(False, True), (True, False)])
+    def test_a_post_wakes_a_loop_not_woken_yet(
+        self, monkeypatch: pytest.MonkeyPatch, woken: bool, wakes: bool
+    ) -> None:
+        """A post wakes the waiting loop only if nothing woke it since it last waited."""
+        engine = idle_engine()
+        shared = engine.shared
+        held = Held()
+        engine.side.take_tickets(held, 2)
+        shared.consumer_waiting, shared.consumer_woken = True, woken
+        calls = count_calls(monkeypatch, Shared, "wake_consumer")
+        engine.side.post(0, Run([0, 1]), held, seconds=0.0)
+        assert len(calls) == int(wakes)
+        assert [run.items for run in shared.handover.take()] == [[0, 1]]
+
+
+class TestTicketsGivenBack:
+    """When the loop gives tickets back: after a wait at once, then at return points."""
+
+    def test_the_first_item_after_a_wait_gives_its_ticket_back(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The loop waits for items 1..7, posted as one run: handing item 1 over gives its
+        ticket back at once (waking the thread early), not at the next return point."""
+        monkeypatch.setattr(producers, "POST_AFTER", 1e3)  # no post for a slow draw
+        gate = threading.Event()
+
+        def source() -> Iterator[int]:
+            yield 0
+            gate.wait(10.0)
+            yield from range(1, 8)
+
+        calls = count_calls(monkeypatch, ConsumerSide, "exchange")
+        iterator = iter(BackgroundLoader(source(), depth=16))  # return points every 4 items
+        engine = engine_of(iterator)
+
+        def open_gate() -> None:
+            wait_for(lambda: engine.shared.consumer_waiting, "the loop to wait", LIVENESS)
+            gate.set()
+
+        opener = threading.Thread(target=open_gate, name="test-opener")
+        try:
+            assert next(iterator) == 0
+            before = len(calls)
+            opener.start()
+            assert next(iterator) == 1
+            assert calls[before:] == [((0, 0), {"wait": True}), ((1, 0), {"wait": False})]
+        finally:
+            gate.set()
+            opener.join(LIVENESS)
+            iterator.close()
+
+    def test_not_after_a_wait_for_many_items(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With more items ready after the wait than ``EARLY_WAKE`` (set to 8 here), waking
+        the thread at the first of them would be too soon: tickets come back at the next
+        return point, here the 16th item (depth 64)."""
+        monkeypatch.setattr(producers, "POST_AFTER", 1e3)
+        monkeypatch.setattr(iterator_module, "EARLY_WAKE", 8)
+        gate = threading.Event()
+
+        def source() -> Iterator[int]:
+            yield 0
+            gate.wait(10.0)
+            yield from range(1, 40)  # no GIL: runs of 16 (a quarter of the depth)
+
+        calls = count_calls(monkeypatch, ConsumerSide, "exchange")
+        iterator = iter(BackgroundLoader(source(), depth=64))
+        engine = engine_of(iterator)
+
+        def open_gate() -> None:
+            wait_for(lambda: engine.shared.consumer_waiting, "the loop to wait", LIVENESS)
+            gate.set()
+
+        opener = threading.Thread(target=open_gate, name="test-opener")
+        try:
+            assert next(iterator) == 0
+            before = len(calls)
+            opener.start()
+            assert [next(iterator) for _ in range(16)] == list(range(1, 17))
+            assert calls[before:] == [((0, 0), {"wait": True}), ((16, 0), {"wait": False})]
+        finally:
+            gate.set()
+            opener.join(LIVENESS)
+            iterator.close()
+
+    @pytest.mark.parametrize(("idle", "returned"), [(False, [4, 4, 4, 4]), (True, [16])])
+    def test_return_points_skipped_while_the_thread_woken_has_not_run(
+        self, monkeypatch: pytest.MonkeyPatch, idle: bool, returned: list[int]
+    ) -> None:
+        """Taking a run of 16 at depth 16, the loop gives tickets back every 4 items, or,
+        while the thread it woke has not run since, once the run is used up."""
+        monkeypatch.setattr(ConsumerSide, "threads_woken_idle", lambda self: idle)
+        iterator = iter(BackgroundLoader(range(16), depth=16))
+        engine = engine_of(iterator)
+        wait_went_ahead(engine, LIVENESS)
+        calls = count_calls(monkeypatch, ConsumerSide, "exchange")
+        assert [next(iterator) for _ in range(16)] == list(range(16))
+        iterator.close()
+        assert [args[0] for args, _ in calls if args[0]] == returned
+
+    @pytest.mark.parametrize(
+        ("early", "woken", "waiting", "idle"),
+        [
+            (True, True, 1, True),
+            (True, False, 1, False),  # it waits again: tickets wake it
+            (True, True, 0, False),  # it runs (draws): tickets let it go on
+            (False, True, 1, False),  # no early wake-ups (no GIL, units read, threads)
+        ],
+    )
+    def test_threads_woken_idle(self, early: bool, woken: bool, waiting: int, idle: bool) -> None:
+        """A thread counts as woken and idle while, woken, it is still in its wait."""
+        engine = idle_engine()
+        shared = engine.shared
+        shared.early_wakes, shared.woken, shared.waiting = early, woken, waiting
+        assert engine.consumer.threads_woken_idle() is idle
 
 
 class TestPostThenWait:

@@ -74,6 +74,20 @@ class ConsumerSide:
                 runs = self._wait_for_run()
             return runs, time.perf_counter() - started
 
+    def threads_woken_idle(self) -> bool:
+        """Whether a thread over an iterator, woken for tickets, has not run since (GIL on).
+
+        A hint, read without the lock. Under the GIL it runs only once the
+        loop's thread lets go of the interpreter: tickets given back before
+        then change nothing for it, and the iterator skips that exchange
+        (:mod:`prefetch._threads.iterator`). It drew ahead of the loop (it
+        waited for tickets), so what it draws when the loop blocks elsewhere
+        comes quickly once the tickets are back. Threads that read units
+        (``fetch_threads``) never count as idle.
+        """
+        shared = self.shared
+        return shared.woken and shared.waiting > 0 and shared.early_wakes
+
     def _wait_for_run(self) -> list[Run]:
         shared = self.shared
         shared.consumer_waiting = True
@@ -91,6 +105,7 @@ class ConsumerSide:
                         message = Message(Kind.RAISE_AND_END, timeout.error(), None)
                         return [Run([], end=message)]
                     wait = min(wait, shared.poll)
+                shared.consumer_woken = False
                 shared.wait_for_data(wait)
                 runs = shared.handover.take()
                 if runs:

@@ -22,8 +22,13 @@ Invariants (every change here, and in the modules named, must keep them):
   that re-checks its condition, so no wake-up is lost. The threads read two
   fields without it, as hints only: ``consumer_waiting`` (whether to post
   now) and ``stopped`` (whether to draw again); a stale hint delays a post or
-  a stop by one item, never loses one. ``draw_lock`` orders draws and guards
-  the sequence numbers; it is taken before the lock, never while holding it.
+  a stop by one item, never loses one. The consumer reads ``woken`` and
+  ``waiting`` so, to skip a return point
+  (:meth:`~prefetch._threads.consumer_side.ConsumerSide.threads_woken_idle`):
+  a stale hint only moves when tickets come back (at the latest once the
+  items taken are used up, and always before the consumer waits).
+  ``draw_lock`` orders draws and guards the sequence numbers; it is taken
+  before the lock, never while holding it.
   Nothing relies on the GIL (free-threaded Python runs this as is; torch's
   own record of DataLoader worker pids did, and
   :mod:`prefetch._torch.worker_pids` locks it). The lock
@@ -40,10 +45,18 @@ Invariants (every change here, and in the modules named, must keep them):
   bound, and the byte bound: :class:`~prefetch._threads.tickets.Tickets`).
   Over a sized source, the draw past its length (the one that finds the end)
   gets its ticket only once the loop asks past the last item.
-* **Wake-ups.** A side is woken only when it waits: the consumer when the
-  run it waits for is posted; threads waiting for tickets when the consumer
-  gives tickets back (every quarter of the bound, at most) or is about to
-  wait.
+* **Wake-ups.** A side is woken only when it waits, and once until it waits
+  again: the consumer when the run it waits for is posted; threads waiting
+  for tickets when the consumer gives tickets back (every quarter of the
+  bound, at most) or is about to wait. Under the GIL, one thread over an
+  iterator (``Shared.early_wakes``) and the consumer wake each other
+  *early*, a few items (at most :data:`~prefetch._threads.shared.EARLY_WAKE`)
+  before they block: the thread wakes a waiting consumer as it takes the
+  tickets for its next run, the consumer gives tickets back at the first
+  item after it waited. Neither can run before the other blocks, and one
+  woken that early takes the interpreter at once (docs/benchmarks: the
+  hand-off at depths 2 and 8). While the thread it woke has not run since,
+  the consumer skips its return points until its items run out.
 * **Errors.** What a thread catches becomes a message in one place
   (:func:`~prefetch._threads.messages.message_for`, which says which). An
   error the source goes on after is posted in its place; the end and a

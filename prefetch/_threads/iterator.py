@@ -11,10 +11,18 @@ Invariants:
 * **The fast path holds no lock.** Items of a run taken from the engine are
   handed over by :meth:`BackgroundIterator.__next__` alone: no lock, no
   clock, no policy. Every quarter of what the bounds let in flight (the
-  depth, or the items ``max_bytes`` holds; at least every item), and
-  whenever the items taken run out, the slow path gives their tickets back
-  and takes the runs posted since
-  (:meth:`~prefetch._threads.consumer_side.ConsumerSide.exchange`). A run's first and
+  depth, or the items ``max_bytes`` holds; at least every item), whenever
+  the items taken run out, and at the first item after the loop waited if
+  at most :data:`~prefetch._threads.shared.EARLY_WAKE` are ready then (an
+  early wake-up: :mod:`prefetch._threads.engine`), the slow path gives their
+  tickets back and takes the runs posted since
+  (:meth:`~prefetch._threads.consumer_side.ConsumerSide.exchange`). Before
+  the items run out it skips that while the thread it woke last has not
+  run since
+  (:meth:`~prefetch._threads.consumer_side.ConsumerSide.threads_woken_idle`:
+  one thread over an iterator, under the GIL, gets the interpreter only
+  once the loop lets go of it); the tickets then come back when the items
+  taken are used up. A run's first and
   last items take the slow path too, which
   stamps ``stats.last_handoff`` (so an epoch's time ends at its last item,
   to within a quarter of the depth when the loop stops in a run's middle).
@@ -47,6 +55,7 @@ from prefetch._threads.engine import Engine
 from prefetch._threads.messages import Kind, Message, Run
 from prefetch._threads.policy import THREADS, Control, Fixed
 from prefetch._threads.reports import Reports
+from prefetch._threads.shared import EARLY_WAKE
 
 T = TypeVar("T")
 
@@ -106,6 +115,7 @@ class BackgroundIterator(EpochIterator[T]):
         self._unreturned = self._unreturned_bytes = 0
         self._returned_pos = 0
         self._items_at_exchange = 0  # stats.items when tickets were last given back
+        self._kick = False  # the loop waited: give tickets back at the next item
         self._largest = 0  # bytes of the largest item taken (with a byte bound)
         self._return_every = max(1, depth.value // 4)
         self._reports = Reports(depth, threads)  # what the policies are told, and when
@@ -174,8 +184,9 @@ class BackgroundIterator(EpochIterator[T]):
                     item = items[pos]
                     items[pos] = None
                     handed = stats.items - self._items_at_exchange
-                    if handed >= self._return_every or (pos + 1 == len(items) and not self._queued):
-                        self._exchange(wait=False)  # tickets back; the runs posted since
+                    used_up = pos + 1 == len(items) and not self._queued
+                    if handed >= self._return_every or self._kick or used_up:
+                        self._exchange(wait=False, skip=not used_up)  # tickets back; new runs
                         handed = 0
                     stats.record_hand_over(time.perf_counter())
                     reports = self._reports
@@ -222,8 +233,17 @@ class BackgroundIterator(EpochIterator[T]):
             limit = min(limit, max(1, max_bytes // self._largest))
         return max(1, limit // 4)
 
-    def _exchange(self, *, wait: bool) -> None:
-        """Give back the tickets of the items handed over since the last exchange; take runs."""
+    def _exchange(self, *, wait: bool, skip: bool = False) -> None:
+        """Give back the tickets of the items handed over since the last exchange; take runs.
+
+        ``skip``: not while the thread woken last has not run since (see the module).
+        """
+        assert self._engine is not None  # started: _next_slow starts the epoch first
+        engine = self._engine
+        if skip and engine.consumer.threads_woken_idle():
+            self._items_at_exchange = self._record.stats.items
+            self._kick = False
+            return
         pos, start = self._pos, self._returned_pos
         returned = self._unreturned + pos - start
         nbytes = self._unreturned_bytes
@@ -232,14 +252,14 @@ class BackgroundIterator(EpochIterator[T]):
         self._unreturned = self._unreturned_bytes = 0
         self._returned_pos = pos
         self._items_at_exchange = self._record.stats.items
-        assert self._engine is not None  # started: _next_slow starts the epoch first
-        engine = self._engine
+        self._kick = False
         try:
             runs, waited = engine.consumer.exchange(returned, nbytes, wait=wait)
             if engine.told():  # the reads the thread policy asked to hear of are done
                 self._reports.reads_done(engine)
             self._queued.extend(runs)
             if waited:
+                self._kick = self._ready() <= EARLY_WAKE
                 self._reports.waited(waited)
                 self._record.stats.record_wait(waited)
         finally:

@@ -16,7 +16,8 @@ Invariants (the engine's first rule, :mod:`prefetch._threads.engine`):
   its condition.
 * The threads read two fields without the lock, as hints only:
   ``consumer_waiting`` (whether to post now) and ``stopped`` (whether to draw
-  again), and :attr:`Shared.over` likewise.
+  again), and :attr:`Shared.over` likewise; the consumer reads ``woken`` and
+  ``waiting`` so (whether to skip a return point).
 * ``draw_lock`` is taken before ``lock``, never while holding it.
 """
 
@@ -35,6 +36,8 @@ from prefetch._threads.tickets import Tickets
 
 POLL_SECONDS = 0.1
 """How often a blocked side re-checks that the other side is still there."""
+EARLY_WAKE = 16
+"""Most items a side handles after it woke the other early (under the GIL; see the engine)."""
 
 
 class Shared:
@@ -76,6 +79,8 @@ class Shared:
         self.max_bytes = max_bytes
         self.clock: Callable[[], float] = time.thread_time if measure_cpu else _no_clock
         self.parallel_python = not gil_enabled()  # threads run Python at the same time
+        # One thread over an iterator with the GIL on: the sides wake each other early.
+        self.early_wakes = not self.parallel_python and tasks.board is None and threads == 1
         self.lock = threading.RLock()  # re-entrant: a finalizer may stop() on a holding thread
         self.space = threading.Condition(self.lock)  # threads wait here for tickets
         self.data = threading.Condition(self.lock)  # the consumer waits here
@@ -101,6 +106,7 @@ class Shared:
         self.waiting = 0  # threads blocked waiting for a ticket
         self.woken = False  # they were woken and have not waited again since
         self.consumer_waiting = False  # a hint (see the invariants)
+        self.consumer_woken = False  # it was woken and has not waited again since
         self.stopped = False  # a hint likewise: stop() was called
         self.ended = False  # a final message is coming: no thread draws again
         self.releasing = False  # the last thread is releasing the source
@@ -181,6 +187,7 @@ class Shared:
 
     def wake_consumer(self) -> None:
         """Wake the consumer waiting for a run (holding the lock); the tests' seam."""
+        self.consumer_woken = True  # until it waits again
         self.data.notify()
 
 

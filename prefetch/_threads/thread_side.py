@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from prefetch._threads.messages import Final, Kind, Message, Run
-from prefetch._threads.shared import Shared
+from prefetch._threads.shared import EARLY_WAKE, Shared
 from prefetch._threads.tickets import Held
 
 
@@ -39,6 +39,14 @@ class ThreadSide:
 
         With ``unless``, return -1 (no ticket) as soon as ``unless()`` is true:
         a thread that reads units has some to read (:meth:`work_added` wakes it).
+        Under the GIL, one thread over an iterator (``early_wakes``: its draws
+        are quick) that takes at most :data:`~prefetch._threads.shared.EARLY_WAKE`
+        tickets wakes a loop waiting for a run already here: the loop runs
+        only once this thread blocks, after its post, and one woken that
+        early takes the interpreter at once, where one woken by the post
+        itself wakes up only after the thread blocked (the hand-off at depths
+        2 and 8, docs/benchmarks). Woken earlier than that, before many draws,
+        it would be asleep again by then.
         """
         shared = self.shared
         with shared.lock:
@@ -53,7 +61,8 @@ class ThreadSide:
                 if shared.staying > shared.tickets.threads:  # fewer wanted: it leaves
                     shared.staying -= 1
                     return 0
-                if shared.tickets.free():
+                free = shared.tickets.free()
+                if free:
                     break
                 if not blocked:
                     blocked = time.perf_counter()
@@ -65,6 +74,9 @@ class ThreadSide:
                     shared.waiting -= 1
             if blocked:
                 shared.blocked += time.perf_counter() - blocked
+            wake = shared.early_wakes and shared.consumer_waiting and not shared.consumer_woken
+            if wake and min(free, most) <= EARLY_WAKE:
+                shared.wake_consumer()  # early: see above
             return shared.tickets.take(held, most)
 
     def end(self, *, source_ended: bool) -> None:
@@ -119,7 +131,7 @@ class ThreadSide:
             if run.items or run.end is not None:
                 shared.handover.post(seq, run)
             stats.peak_items = max(stats.peak_items, shared.fetched - stats.items)
-            if shared.consumer_waiting and shared.handover.due(seq):
+            if shared.consumer_waiting and not shared.consumer_woken and shared.handover.due(seq):
                 shared.wake_consumer()
             if wait:
                 return self.take_tickets(held, take)
