@@ -248,21 +248,37 @@ class TestEarlyWakeUps:
 class TestTicketsGivenBack:
     """When the loop gives tickets back: after a wait at once, then at return points."""
 
-    def test_the_first_item_after_a_wait_gives_its_ticket_back(
-        self, monkeypatch: pytest.MonkeyPatch
+    @pytest.mark.parametrize(
+        ("after", "early_wake", "depth", "taken", "first_return"),
+        [
+            (7, 16, 16, 1, 1),  # return points every 4: the first item's ticket comes back
+            (39, 8, 64, 16, 16),  # 39 ready > 8: at the next return point, the 16th item
+        ],
+    )
+    def test_the_first_item_after_a_wait_for_a_few_gives_its_ticket_back(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        after: int,
+        early_wake: int,
+        depth: int,
+        taken: int,
+        first_return: int,
     ) -> None:
-        """The loop waits for items 1..7, posted as one run: handing item 1 over gives its
-        ticket back at once (waking the thread early), not at the next return point."""
+        """The loop waits for ``after`` items, posted as one run (runs of a quarter of the
+        depth without the GIL): with at most ``EARLY_WAKE`` of them ready, handing the first
+        one over gives its ticket back at once (waking the thread early); with more, waking
+        it then would be too soon, and the tickets come back at the next return point."""
         monkeypatch.setattr(producers, "POST_AFTER", 1e3)  # no post for a slow draw
+        monkeypatch.setattr(iterator_module, "EARLY_WAKE", early_wake)
         gate = threading.Event()
 
         def source() -> Iterator[int]:
             yield 0
             gate.wait(10.0)
-            yield from range(1, 8)
+            yield from range(1, after + 1)
 
         calls = count_calls(monkeypatch, ConsumerSide, "exchange")
-        iterator = iter(BackgroundLoader(source(), depth=16))  # return points every 4 items
+        iterator = iter(BackgroundLoader(source(), depth=depth))
         engine = engine_of(iterator)
 
         def open_gate() -> None:
@@ -274,41 +290,9 @@ class TestTicketsGivenBack:
             assert next(iterator) == 0
             before = len(calls)
             opener.start()
-            assert next(iterator) == 1
-            assert calls[before:] == [((0, 0), {"wait": True}), ((1, 0), {"wait": False})]
-        finally:
-            gate.set()
-            opener.join(LIVENESS)
-            iterator.close()
-
-    def test_not_after_a_wait_for_many_items(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """With more items ready after the wait than ``EARLY_WAKE`` (set to 8 here), waking
-        the thread at the first of them would be too soon: tickets come back at the next
-        return point, here the 16th item (depth 64)."""
-        monkeypatch.setattr(producers, "POST_AFTER", 1e3)
-        monkeypatch.setattr(iterator_module, "EARLY_WAKE", 8)
-        gate = threading.Event()
-
-        def source() -> Iterator[int]:
-            yield 0
-            gate.wait(10.0)
-            yield from range(1, 40)  # no GIL: runs of 16 (a quarter of the depth)
-
-        calls = count_calls(monkeypatch, ConsumerSide, "exchange")
-        iterator = iter(BackgroundLoader(source(), depth=64))
-        engine = engine_of(iterator)
-
-        def open_gate() -> None:
-            wait_for(lambda: engine.shared.consumer_waiting, "the loop to wait", LIVENESS)
-            gate.set()
-
-        opener = threading.Thread(target=open_gate, name="test-opener")
-        try:
-            assert next(iterator) == 0
-            before = len(calls)
-            opener.start()
-            assert [next(iterator) for _ in range(16)] == list(range(1, 17))
-            assert calls[before:] == [((0, 0), {"wait": True}), ((16, 0), {"wait": False})]
+            assert [next(iterator) for _ in range(taken)] == list(range(1, taken + 1))
+            waited, returned = ((0, 0), {"wait": True}), ((first_return, 0), {"wait": False})
+            assert calls[before:] == [waited, returned]
         finally:
             gate.set()
             opener.join(LIVENESS)
